@@ -1,0 +1,1 @@
+"""rollflow's contracts: config, workflow, inference protocol and errors. Imports nothing heavy."""

@@ -1,0 +1,547 @@
+"""The experiment configuration: one typed tree of dataclasses.
+
+What it is: every knob of a rollflow run, with help text and defaults taken from the papers
+(GRPO, DAPO's asymmetric clip, dual-clip PPO, AReaL's decoupled loss and staleness bound).
+The tree is plain dataclasses so Prefect renders it as a form and YAML maps onto it one to one.
+Loading, overrides and validation live in ``rollflow.api.config_loader``; this module only
+declares fields and the checks that concern a single section (``__post_init__``).
+
+What it is not: it does not read files, talk to storage or know about Prefect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rollflow.api.errors import ConfigError
+
+
+def _help(text: str, **kw: Any) -> dict[str, Any]:
+    return {"help": text, **kw}
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(key, message)
+
+
+@dataclass
+class StorageConfig:
+    root: str = field(
+        default="runs/storage",
+        metadata=_help(
+            "Where trajectories and checkpoints live: a local path, file://..., or s3://bucket/prefix. "
+            "Everything goes under {root}/{experiment}/{trial}/."
+        ),
+    )
+    options: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=_help(
+            "fsspec storage options, e.g. {endpoint_url: http://127.0.0.1:9000, key: ..., secret: ...}. "
+            "Prefer the AWS_* environment variables or a Prefect Secret block for credentials; "
+            "secret values are redacted from logs and MLflow params.",
+            secret_keys=("key", "secret", "token", "password", "aws_secret_access_key", "session_token"),
+        ),
+    )
+    keep_checkpoints: int = field(
+        default=3,
+        metadata=_help(
+            "Checkpoint GC keeps this many newest versions, and never one a live server still serves."
+        ),
+    )
+    local_cache: str = field(
+        default="runs/cache",
+        metadata=_help("Local directory where inference workers cache verified checkpoints."),
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.root != "", "storage.root", "must not be empty; use a path or s3://bucket/prefix")
+        _check(self.keep_checkpoints >= 1, "storage.keep_checkpoints", "must be >= 1")
+
+
+@dataclass
+class TinyModelConfig:
+    hidden_size: int = field(default=128, metadata=_help("Hidden width of the tiny Llama model."))
+    num_layers: int = field(default=4, metadata=_help("Transformer layers of the tiny model."))
+    num_heads: int = field(default=4, metadata=_help("Attention heads of the tiny model."))
+    num_kv_heads: int = field(default=2, metadata=_help("Key/value heads (GQA) of the tiny model."))
+    warm_start_steps: int = field(
+        default=300,
+        metadata=_help("Supervised warm-start steps on the synthetic task before RL (0 = random init)."),
+    )
+    warm_start_lr: float = field(default=3e-3, metadata=_help("Learning rate of the warm start."))
+
+    def __post_init__(self) -> None:
+        for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads"):
+            _check(getattr(self, key) > 0, f"model.tiny.{key}", "must be > 0")
+        _check(
+            self.hidden_size % self.num_heads == 0,
+            "model.tiny.hidden_size",
+            "must be divisible by model.tiny.num_heads",
+        )
+        _check(
+            self.num_heads % self.num_kv_heads == 0,
+            "model.tiny.num_kv_heads",
+            "must divide model.tiny.num_heads",
+        )
+        _check(self.warm_start_steps >= 0, "model.tiny.warm_start_steps", "must be >= 0")
+
+
+@dataclass
+class ModelConfig:
+    path: str = field(
+        default="runs/models/tiny",
+        metadata=_help(
+            "Hugging Face model directory or hub name of the initial policy. With bootstrap_tiny the "
+            "tiny model is built here first."
+        ),
+    )
+    bootstrap_tiny: bool = field(
+        default=False,
+        metadata=_help("Build the local tiny Llama model + tokenizer at `path` (no hub needed)."),
+    )
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig, metadata=_help("The tiny model."))
+    dtype: Literal["float32", "bfloat16"] = field(
+        default="float32", metadata=_help("Parameter dtype for training and CPU inference.")
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata=_help("Allow model code from the hub. Off by default: it executes downloaded code."),
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata=_help("Trade compute for memory in the trainer.")
+    )
+
+
+@dataclass
+class SyntheticTaskConfig:
+    n_train: int = field(default=2000, metadata=_help("Training prompts of the synthetic task."))
+    n_eval: int = field(default=200, metadata=_help("Held-out prompts, disjoint from training."))
+    seed: int = field(default=1234, metadata=_help("Seed of the synthetic prompt sets."))
+
+    def __post_init__(self) -> None:
+        _check(self.n_train > 0, "dataset.synthetic.n_train", "must be > 0")
+        _check(self.n_eval > 0, "dataset.synthetic.n_eval", "must be > 0")
+
+
+@dataclass
+class DatasetConfig:
+    kind: Literal["synthetic", "files", "hub"] = field(
+        default="synthetic",
+        metadata=_help(
+            "synthetic: the built-in verifiable task; files: local or s3:// parquet/jsonl/csv; "
+            "hub: a Hugging Face dataset name (needs network)."
+        ),
+    )
+    path: str = field(
+        default="",
+        metadata=_help(
+            "files: a path/glob/URL, or a {split: path} mapping written as 'train=a.jsonl,test=b.jsonl'; "
+            "hub: the dataset name."
+        ),
+    )
+    format: Literal["auto", "parquet", "json", "csv"] = field(
+        default="auto", metadata=_help("File format; auto infers it from the extension.")
+    )
+    train_split: str = field(default="train", metadata=_help("Split used for rollouts."))
+    eval_split: str = field(default="test", metadata=_help("Split used for evaluation."))
+    prompt_field: str = field(default="question", metadata=_help("Column holding the prompt text."))
+    messages_field: str | None = field(
+        default=None,
+        metadata=_help("Column holding chat messages [{role, content}]; overrides prompt_field."),
+    )
+    answer_field: str = field(default="answer", metadata=_help("Column holding the reference answer."))
+    id_field: str | None = field(
+        default=None, metadata=_help("Column holding a stable prompt id (default: split + row index).")
+    )
+    answer_format: Literal["gsm8k", "plain"] = field(
+        default="plain",
+        metadata=_help("gsm8k: the reference is the text after '####'; plain: the whole field."),
+    )
+    system_prompt: str | None = field(
+        default=None, metadata=_help("Optional system message prepended to every prompt.")
+    )
+    on_bad_row: Literal["error", "skip"] = field(
+        default="error",
+        metadata=_help("A malformed row raises an error naming it, or is skipped and counted."),
+    )
+    max_rows: int | None = field(
+        default=None, metadata=_help("Use at most this many rows per split (None = all).")
+    )
+    reward_fn: str = field(
+        default="rollflow.rewards.synthetic:synthetic_reward_fn",
+        metadata=_help("Import string 'pkg.module:function' of the verifiable reward."),
+    )
+    synthetic: SyntheticTaskConfig = field(
+        default_factory=SyntheticTaskConfig, metadata=_help("The built-in synthetic task.")
+    )
+
+    def __post_init__(self) -> None:
+        if self.kind != "synthetic":
+            _check(self.path != "", "dataset.path", f"is required when dataset.kind={self.kind!r}")
+        _check(":" in self.reward_fn, "dataset.reward_fn", "must look like 'pkg.module:function'")
+        if self.max_rows is not None:
+            _check(self.max_rows > 0, "dataset.max_rows", "must be > 0 or null")
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = field(default=16, metadata=_help("Completion length limit per turn."))
+    temperature: float = field(
+        default=1.0, metadata=_help("Sampling temperature for rollouts (1.0 keeps logprobs exact).")
+    )
+    top_p: float = field(default=1.0, metadata=_help("Nucleus sampling threshold (1.0 = off)."))
+    top_k: int = field(default=-1, metadata=_help("Top-k sampling (-1 = off), SGLang semantics."))
+    min_p: float = field(default=0.0, metadata=_help("Min-p sampling threshold (0 = off)."))
+    stop_token_ids: list[int] = field(
+        default_factory=list, metadata=_help("Extra token ids that end generation (EOS always does).")
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.max_new_tokens > 0, "rollout.generation.max_new_tokens", "must be > 0")
+        _check(self.temperature >= 0, "rollout.generation.temperature", "must be >= 0 (0 = greedy)")
+        _check(0 < self.top_p <= 1, "rollout.generation.top_p", "must be in (0, 1]")
+        _check(self.top_k == -1 or self.top_k > 0, "rollout.generation.top_k", "must be -1 or > 0")
+        _check(0 <= self.min_p < 1, "rollout.generation.min_p", "must be in [0, 1)")
+
+
+@dataclass
+class RolloutConfig:
+    workflow: str = field(
+        default="rollflow.workflows.rlvr:RLVRWorkflow",
+        metadata=_help("Import string of the RolloutWorkflow class."),
+    )
+    workflow_kwargs: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=_help("Extra constructor kwargs of the workflow (e.g. max_turns, turn_discount)."),
+    )
+    group_size: int = field(
+        default=8, metadata=_help("Samples per prompt; GRPO normalises rewards within a group.")
+    )
+    max_concurrent_rollouts: int = field(
+        default=64, metadata=_help("Upper bound on episodes in flight (AReaL's concurrency limit).")
+    )
+    max_staleness: int = field(
+        default=2,
+        metadata=_help(
+            "Max policy versions a trajectory may lag the trainer (AReaL's eta). 0 with "
+            "pause_during_training is the synchronous baseline."
+        ),
+    )
+    pause_during_training: bool = field(
+        default=False,
+        metadata=_help("Synchronous baseline: pause generation while the trainer runs a step."),
+    )
+    generation: GenerationConfig = field(
+        default_factory=GenerationConfig, metadata=_help("Sampling parameters.")
+    )
+    shard_flush_rows: int = field(
+        default=256, metadata=_help("Flush a trajectory shard once it holds this many rows.")
+    )
+    shard_flush_seconds: float = field(
+        default=2.0, metadata=_help("Flush a non-empty shard after this many seconds.")
+    )
+    reward_workers: int = field(default=2, metadata=_help("Processes that run reward functions."))
+    reward_timeout_s: float = field(
+        default=10.0, metadata=_help("A reward slower than this scores 0 and is counted.")
+    )
+    max_failure_rate: float = field(
+        default=0.2,
+        metadata=_help("Stop the loop when more than this fraction of episodes raise (after 20)."),
+    )
+    max_epochs: int | None = field(
+        default=None,
+        metadata=_help("Stop after this many passes over the train split (None = until training ends)."),
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.group_size >= 1, "rollout.group_size", "must be >= 1 (GRPO needs >= 2 to learn)")
+        _check(self.max_concurrent_rollouts >= 1, "rollout.max_concurrent_rollouts", "must be >= 1")
+        _check(
+            self.max_staleness >= 0,
+            "rollout.max_staleness",
+            "must be >= 0 (0 = on-policy; 1-4 are typical for async runs)",
+        )
+        _check(self.shard_flush_rows >= 1, "rollout.shard_flush_rows", "must be >= 1")
+        _check(self.shard_flush_seconds > 0, "rollout.shard_flush_seconds", "must be > 0")
+        _check(self.reward_workers >= 1, "rollout.reward_workers", "must be >= 1")
+        _check(self.reward_timeout_s > 0, "rollout.reward_timeout_s", "must be > 0")
+        _check(0 < self.max_failure_rate <= 1, "rollout.max_failure_rate", "must be in (0, 1]")
+        if self.max_epochs is not None:
+            _check(self.max_epochs >= 1, "rollout.max_epochs", "must be >= 1 or null")
+
+
+@dataclass
+class SGLangConfig:
+    python: str = field(default="python", metadata=_help("Python executable that has sglang installed."))
+    tp_size: int = field(default=1, metadata=_help("Tensor parallel size per server (--tp-size)."))
+    mem_fraction_static: float | None = field(
+        default=None, metadata=_help("--mem-fraction-static; None keeps SGLang's default.")
+    )
+    extra_args: list[str] = field(
+        default_factory=list, metadata=_help("Extra launch_server arguments, passed verbatim.")
+    )
+    startup_timeout_s: float = field(
+        default=600.0, metadata=_help("How long to wait for /health after launch.")
+    )
+
+
+@dataclass
+class InferenceConfig:
+    backend: Literal["local", "sglang", "external"] = field(
+        default="local",
+        metadata=_help(
+            "local: rollflow's CPU server (SGLang protocol); sglang: launch SGLang servers; "
+            "external: servers already running at `addresses`."
+        ),
+    )
+    n_servers: int = field(default=1, metadata=_help("Servers to launch (local, sglang)."))
+    addresses: list[str] = field(
+        default_factory=list, metadata=_help("host:port of each server for backend=external.")
+    )
+    host: str = field(
+        default="127.0.0.1",
+        metadata=_help("Bind address of launched servers. Keep loopback unless you set api_key."),
+    )
+    base_port: int = field(
+        default=0, metadata=_help("First port of launched servers (0 = pick free ports).")
+    )
+    api_key: str | None = field(
+        default=None,
+        metadata=_help(
+            "Bearer key required by the servers (None = no auth). Prefer ROLLFLOW_INFERENCE_API_KEY.",
+            secret=True,
+        ),
+    )
+    max_batch_size: int = field(
+        default=64, metadata=_help("CPU server: max sequences decoded together (continuous batching).")
+    )
+    server_threads: int = field(default=1, metadata=_help("CPU server: torch threads per server."))
+    request_timeout_s: float = field(default=120.0, metadata=_help("Timeout of one /generate call."))
+    connect_timeout_s: float = field(default=5.0, metadata=_help("TCP connect timeout."))
+    max_retries: int = field(default=3, metadata=_help("Retries per request before failing over."))
+    retry_backoff_s: float = field(default=0.5, metadata=_help("Base of the exponential backoff."))
+    affinity_lru_size: int = field(
+        default=4096, metadata=_help("Remembered rid -> server assignments (multi-turn affinity).")
+    )
+    poll_interval_s: float = field(
+        default=1.0, metadata=_help("How often the checkpoint watcher polls LATEST.")
+    )
+    sglang: SGLangConfig = field(default_factory=SGLangConfig, metadata=_help("SGLang launcher."))
+
+    def __post_init__(self) -> None:
+        _check(self.n_servers >= 1, "inference.n_servers", "must be >= 1")
+        if self.backend == "external":
+            _check(
+                len(self.addresses) > 0,
+                "inference.addresses",
+                "must list host:port of each server when inference.backend=external",
+            )
+        _check(self.request_timeout_s > 0, "inference.request_timeout_s", "must be > 0")
+        _check(self.max_retries >= 0, "inference.max_retries", "must be >= 0")
+        _check(self.poll_interval_s > 0, "inference.poll_interval_s", "must be > 0")
+        _check(self.max_batch_size >= 1, "inference.max_batch_size", "must be >= 1")
+        _check(0 <= self.base_port < 65536, "inference.base_port", "must be a port number or 0")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = field(default=100, metadata=_help("Optimizer steps to run (= final policy version)."))
+    batch_size: int = field(default=16, metadata=_help("Groups (prompts) per optimizer step."))
+    max_tokens_per_mb: int = field(
+        default=16384,
+        metadata=_help("Token budget of a micro-batch (first-fit-decreasing, groups never split)."),
+    )
+    ppo_n_minibatches: int = field(
+        default=1, metadata=_help("PPO updates per step; the batch is split into this many minibatches.")
+    )
+    lr: float = field(default=1e-6, metadata=_help("AdamW learning rate."))
+    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay."))
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=_help("AdamW betas."))
+    warmup_steps: int = field(default=0, metadata=_help("Linear LR warmup steps."))
+    lr_schedule: Literal["constant", "cosine"] = field(
+        default="constant", metadata=_help("LR schedule after warmup.")
+    )
+    grad_clip: float = field(default=1.0, metadata=_help("Max global gradient norm (0 = off)."))
+    dtype: Literal["float32", "bfloat16"] = field(
+        default="float32", metadata=_help("Compute dtype of the trainer.")
+    )
+    eps_clip: float = field(default=0.2, metadata=_help("PPO clip range epsilon (lower bound 1 - eps)."))
+    eps_clip_higher: float | None = field(
+        default=None,
+        metadata=_help("Asymmetric upper clip 1 + eps_high (DAPO's clip-higher); None = eps_clip."),
+    )
+    c_clip: float | None = field(
+        default=None,
+        metadata=_help("Dual-clip constant (> 1) bounding the loss for negative advantages; None = off."),
+    )
+    use_decoupled_loss: bool = field(
+        default=True,
+        metadata=_help(
+            "Decoupled PPO (AReaL): ratio against the recomputed proximal policy, importance weight "
+            "exp(prox - behav). Off: the behaviour logprobs are the proximal ones."
+        ),
+    )
+    behav_imp_weight_cap: float | None = field(
+        default=5.0, metadata=_help("Cap of the behaviour importance weight; None = uncapped.")
+    )
+    behav_imp_weight_mode: Literal["mask", "truncate"] = field(
+        default="mask", metadata=_help("mask: drop tokens above the cap; truncate: clamp to the cap.")
+    )
+    kl_ctl: float = field(
+        default=0.0, metadata=_help("KL penalty coefficient to the frozen reference model (0 = off).")
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = field(
+        default="k3", metadata=_help("KL estimator (Schulman's k1/k2/k3).")
+    )
+    adv_estimator: Literal["grpo", "rloo"] = field(
+        default="grpo", metadata=_help("grpo: group-normalised rewards; rloo: leave-one-out baseline.")
+    )
+    adv_norm: Literal["mean_std", "mean"] = field(
+        default="mean_std",
+        metadata=_help("GRPO normalisation: subtract the mean and divide by std, or mean only (Dr.GRPO)."),
+    )
+    reward_scale: float = field(default=1.0, metadata=_help("Multiply rewards before advantages."))
+    reward_clip: float | None = field(
+        default=None, metadata=_help("Clip scaled rewards to [-c, c]; None = off.")
+    )
+    loss_agg: Literal["token-mean", "seq-mean"] = field(
+        default="token-mean", metadata=_help("Average the loss over tokens, or per sequence then over sequences.")
+    )
+    checkpoint_every: int = field(
+        default=1, metadata=_help("Publish a checkpoint every k versions (inference picks it up).")
+    )
+    resume_every: int = field(
+        default=10, metadata=_help("Commit a resume point (model, optimizer, RNG, cursor) every n steps.")
+    )
+    data_wait_timeout_s: float = field(
+        default=600.0, metadata=_help("Fail if no new trajectories arrive for this long.")
+    )
+    distributed: Literal["none", "ddp", "fsdp2"] = field(
+        default="none",
+        metadata=_help("Multi-process training under torchrun: FSDP2 fully_shard (GPU) or DDP (CPU/gloo)."),
+    )
+    nproc_per_node: int = field(default=1, metadata=_help("torchrun ranks when distributed != none."))
+    threads: int = field(default=1, metadata=_help("torch threads of the trainer on CPU."))
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, "train.steps", "must be >= 1")
+        _check(self.batch_size >= 1, "train.batch_size", "must be >= 1 group")
+        _check(self.max_tokens_per_mb >= 1, "train.max_tokens_per_mb", "must be >= 1")
+        _check(self.ppo_n_minibatches >= 1, "train.ppo_n_minibatches", "must be >= 1")
+        _check(
+            self.batch_size >= self.ppo_n_minibatches,
+            "train.ppo_n_minibatches",
+            "must be <= train.batch_size",
+        )
+        _check(self.lr > 0, "train.lr", "must be > 0")
+        _check(self.eps_clip > 0, "train.eps_clip", "must be > 0 (0.2 is the PPO default)")
+        if self.eps_clip_higher is not None:
+            _check(self.eps_clip_higher > 0, "train.eps_clip_higher", "must be > 0 or null")
+        if self.c_clip is not None:
+            _check(self.c_clip > 1, "train.c_clip", "must be > 1 (3.0 is the dual-clip default) or null")
+        if self.behav_imp_weight_cap is not None:
+            _check(self.behav_imp_weight_cap > 1, "train.behav_imp_weight_cap", "must be > 1 or null")
+        _check(self.kl_ctl >= 0, "train.kl_ctl", "must be >= 0")
+        _check(self.checkpoint_every >= 1, "train.checkpoint_every", "must be >= 1")
+        _check(self.resume_every >= 1, "train.resume_every", "must be >= 1")
+        _check(len(self.adam_betas) == 2, "train.adam_betas", "must be two numbers [beta1, beta2]")
+        _check(self.nproc_per_node >= 1, "train.nproc_per_node", "must be >= 1")
+        if self.reward_clip is not None:
+            _check(self.reward_clip > 0, "train.reward_clip", "must be > 0 or null")
+
+
+@dataclass
+class EvalConfig:
+    every_n_versions: int = field(
+        default=10, metadata=_help("Evaluate every n published versions (0 = only before and after).")
+    )
+    n_prompts: int = field(default=200, metadata=_help("Held-out prompts per evaluation (0 = all)."))
+    greedy: bool = field(default=True, metadata=_help("Greedy decoding (temperature 0) for evaluation."))
+    max_new_tokens: int | None = field(
+        default=None, metadata=_help("Completion limit; None = rollout.generation.max_new_tokens.")
+    )
+    split: str | None = field(default=None, metadata=_help("Split to score; None = dataset.eval_split."))
+
+    def __post_init__(self) -> None:
+        _check(self.every_n_versions >= 0, "eval.every_n_versions", "must be >= 0")
+        _check(self.n_prompts >= 0, "eval.n_prompts", "must be >= 0")
+
+
+@dataclass
+class TrackingConfig:
+    mlflow_tracking_uri: str | None = field(
+        default=None,
+        metadata=_help(
+            "MLflow tracking URI (http://..., sqlite:///...). None: $MLFLOW_TRACKING_URI, else a SQLite "
+            "file under runs/."
+        ),
+    )
+    mlflow_experiment: str | None = field(
+        default=None, metadata=_help("MLflow experiment name; None = the experiment name.")
+    )
+    register_model: bool = field(
+        default=True, metadata=_help("Register the final checkpoint in the MLflow model registry.")
+    )
+    registered_model_name: str | None = field(
+        default=None, metadata=_help("Registry name; None = '<experiment>-policy'.")
+    )
+    n_sample_trajectories: int = field(
+        default=32, metadata=_help("Decoded trajectories logged as a table artifact.")
+    )
+    enabled: bool = field(default=True, metadata=_help("Log to MLflow at all."))
+
+
+@dataclass
+class ExperimentConfig:
+    experiment: str = field(default="tiny-arith", metadata=_help("Experiment name (MLflow experiment)."))
+    trial: str = field(default="trial0", metadata=_help("Trial name; one MLflow run and storage prefix."))
+    seed: int = field(default=1, metadata=_help("Global seed."))
+    storage: StorageConfig = field(default_factory=StorageConfig, metadata=_help("Storage."))
+    model: ModelConfig = field(default_factory=ModelConfig, metadata=_help("Policy model."))
+    dataset: DatasetConfig = field(default_factory=DatasetConfig, metadata=_help("Prompts and reward."))
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata=_help("Rollout loop."))
+    inference: InferenceConfig = field(
+        default_factory=InferenceConfig, metadata=_help("Inference servers and client.")
+    )
+    train: TrainConfig = field(default_factory=TrainConfig, metadata=_help("Trainer."))
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata=_help("Evaluation."))
+    tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata=_help("MLflow tracking."))
+
+    def __post_init__(self) -> None:
+        for key in ("experiment", "trial"):
+            value = getattr(self, key)
+            _check(
+                value != "" and "/" not in value and value.strip() == value,
+                key,
+                "must be a non-empty name without '/' or surrounding spaces",
+            )
+        if self.rollout.pause_during_training:
+            _check(
+                self.rollout.max_staleness == 0,
+                "rollout.max_staleness",
+                "must be 0 when rollout.pause_during_training is on (the synchronous baseline)",
+            )
+        if self.dataset.kind == "synthetic":
+            _check(
+                self.train.batch_size <= self.dataset.synthetic.n_train,
+                "train.batch_size",
+                f"({self.train.batch_size} groups) exceeds the dataset "
+                f"({self.dataset.synthetic.n_train} prompts); lower it or raise dataset.synthetic.n_train",
+            )
+            if self.rollout.max_epochs is not None:
+                available = self.dataset.synthetic.n_train * self.rollout.max_epochs
+                _check(
+                    available >= self.train.batch_size * self.train.steps,
+                    "train.steps",
+                    f"needs {self.train.batch_size * self.train.steps} groups but the bounded run "
+                    f"(rollout.max_epochs={self.rollout.max_epochs}) yields {available}; lower train.steps "
+                    "or raise rollout.max_epochs",
+                )
+        if self.dataset.max_rows is not None:
+            _check(
+                self.train.batch_size <= self.dataset.max_rows,
+                "train.batch_size",
+                f"({self.train.batch_size}) exceeds dataset.max_rows ({self.dataset.max_rows})",
+            )

@@ -1,0 +1,49 @@
+"""Named exceptions of the rollflow core.
+
+What it is: the one place where rollflow's own error types live, so callers can catch them by name.
+Storage errors (SchemaMismatchError, CommitConflictError, CheckpointIntegrityError, ...) live in
+``storage.errors`` because storage is the bottom layer.
+What it is not: no error handling policy, no logging.
+"""
+
+from __future__ import annotations
+
+
+
+class RollflowError(Exception):
+    """Base class of rollflow core errors."""
+
+
+class ConfigError(RollflowError, ValueError):
+    """A config key is unknown, has the wrong type or an impossible value.
+
+    The message names the dotted key and says how to fix it.
+    """
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"config key '{key}': {message}")
+
+
+class WorkflowImportError(RollflowError, ImportError):
+    """An import string 'pkg.module:Name' could not be resolved."""
+
+
+class DatasetRowError(RollflowError, ValueError):
+    """A dataset row is malformed; the message names the row index and field."""
+
+
+class InferenceError(RollflowError):
+    """An inference request failed on every server it was tried on."""
+
+
+class ServerUnavailableError(InferenceError):
+    """No inference server answered (dead, unreachable or unhealthy)."""
+
+
+class RolloutFailureError(RollflowError):
+    """The rollout loop stopped because too many episodes raised; quotes the first traceback."""
+
+
+class TrainerError(RollflowError):
+    """The trainer cannot continue (no data within the timeout, inconsistent resume state, ...)."""

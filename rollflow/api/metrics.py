@@ -1,0 +1,45 @@
+"""The metrics sink: one small interface every loop reports through.
+
+What it is: ``MetricsSink`` (a one-method Protocol), ``InMemorySink`` for tests and notebooks, and
+``NullSink``. The MLflow sink lives with the orchestration code (tasks/), so the core never imports
+mlflow or prefect.
+What it is not: aggregation or step bookkeeping; callers pass the step (a policy version or a counter).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class MetricsSink(Protocol):
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None: ...
+
+
+class NullSink:
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
+        return None
+
+
+class InMemorySink:
+    """Thread-safe; keeps every (step, value) per metric name."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.history: dict[str, list[tuple[int | None, float]]] = defaultdict(list)
+
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
+        with self._lock:
+            for name, value in metrics.items():
+                self.history[name].append((step, float(value)))
+
+    def last(self, name: str) -> float | None:
+        with self._lock:
+            values = self.history.get(name)
+            return values[-1][1] if values else None
+
+    def values(self, name: str) -> list[float]:
+        with self._lock:
+            return [v for _, v in self.history.get(name, [])]

@@ -1,0 +1,58 @@
+"""The rollout workflow contract and how workflows are named in config.
+
+What it is: ``RolloutWorkflow.arun_episode(client, data)`` returns one ``TrajectoryGroup`` (all samples
+for one prompt) or ``None`` to reject the episode, plus ``resolve_workflow`` which turns an instance, a
+class with kwargs, or an import string ``'pkg.module:Name'`` into an instance.
+What it is not: the executor that schedules episodes (``rollflow.rollout.executor``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import Any
+
+from rollflow.api.errors import WorkflowImportError
+from rollflow.api.inference import InferenceClient
+from storage.schema import TrajectoryGroup
+
+
+class RolloutWorkflow(ABC):
+    """One episode per call. Must be safe to run many episodes concurrently on one event loop."""
+
+    @abstractmethod
+    async def arun_episode(self, client: InferenceClient, data: dict[str, Any]) -> TrajectoryGroup | None:
+        """Run one episode for the dataset row ``data`` and return its trajectory group, or None."""
+
+
+def import_string(spec: str) -> Any:
+    """Resolve ``'pkg.module:Name'`` (or ``'pkg.module.Name'``) to the object it names."""
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+    else:
+        module_name, _, attr = spec.rpartition(".")
+    if not module_name or not attr:
+        raise WorkflowImportError(f"{spec!r} is not an import string; write it as 'pkg.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise WorkflowImportError(f"cannot import module {module_name!r} from {spec!r}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise WorkflowImportError(f"module {module_name!r} has no attribute {attr!r} (from {spec!r})") from None
+    return obj
+
+
+def resolve_workflow(spec: RolloutWorkflow | type | str, **kwargs: Any) -> RolloutWorkflow:
+    """An instance is returned as is; a class or import string is instantiated with ``kwargs``."""
+    if isinstance(spec, RolloutWorkflow):
+        if kwargs:
+            raise TypeError("kwargs given for an already-built workflow instance")
+        return spec
+    target = import_string(spec) if isinstance(spec, str) else spec
+    if not (isinstance(target, type) and issubclass(target, RolloutWorkflow)):
+        raise WorkflowImportError(f"{spec!r} resolves to {target!r}, which is not a RolloutWorkflow subclass")
+    return target(**kwargs)

@@ -1,0 +1,139 @@
+"""The key layout of a trial, in one place (DESIGN.md, section "Storage").
+
+Every key is relative to the trial root `{root}/{experiment}/{trial}/` held by `storage.fs.Storage`.
+This module is pure functions and constants: it does NO I/O and knows nothing about filesystems.
+
+```
+trajectories/data/{writer}-{uid}.parquet                  immutable shard, one put
+trajectories/commits/v{head:06d}/{writer}-{seq:08d}.json  commit record (partition = min head version)
+trajectories/quarantine/{commit_id}.json                  record of a shard that failed verification
+checkpoints/v{N:06d}/...                                  HF save_pretrained dir
+checkpoints/v{N:06d}/COMMIT.json                          written last: the checkpoint exists iff this does
+checkpoints/v{N:06d}/acks/{server}.json                   a server serves N
+checkpoints/LATEST                                        {"version": N, "path": ...}
+trainer/state-{step:08d}.json, trainer/state-{step:08d}/  resume point (+ model/optimizer safetensors)
+trainer/DONE.json                                         the trainer finished
+rollout/state-{name}.json                                 rollout resume point
+eval/v{N:06d}.json                                        evaluation of version N
+```
+"""
+
+from __future__ import annotations
+
+import re
+
+TRAJECTORIES = "trajectories"
+SHARD_DIR = "trajectories/data"
+COMMIT_DIR = "trajectories/commits"
+QUARANTINE_DIR = "trajectories/quarantine"
+CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_COMMIT_NAME = "COMMIT.json"
+LATEST_KEY = "checkpoints/LATEST"
+TRAINER_DIR = "trainer"
+TRAINER_DONE_KEY = "trainer/DONE.json"
+ROLLOUT_DIR = "rollout"
+EVAL_DIR = "eval"
+
+# Names that go into keys: letters, digits, '_', '.', '-'; no leading '.' (hidden / temp files).
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+_VERSION_DIR_RE = re.compile(r"^v(\d{6,})$")
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """Return `name` if it is safe as one key component, else raise ValueError saying what is allowed."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+        raise ValueError(
+            f"invalid {what} {name!r}: use 1-128 characters from [A-Za-z0-9_.-], not starting with '.' or '-'"
+        )
+    return name
+
+
+def _check_version(v: int, what: str = "version") -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{what} must be an int >= 0, got {v!r}")
+    return v
+
+
+def version_dir_name(v: int) -> str:
+    """`v000042` for 42."""
+    return f"v{_check_version(v):06d}"
+
+
+def parse_version_dir(name: str) -> int | None:
+    """Inverse of `version_dir_name` on the last key component; None if `name` is not one."""
+    m = _VERSION_DIR_RE.match(name.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
+# --- trajectories -----------------------------------------------------------------------------------------
+
+
+def shard_key(writer: str, uid: str) -> str:
+    """`trajectories/data/{writer}-{uid}.parquet`."""
+    return f"{SHARD_DIR}/{check_name(writer, 'writer')}-{check_name(uid, 'uid')}.parquet"
+
+
+def commit_id(writer: str, seq: int) -> str:
+    """`{writer}-{seq:08d}`: unique per commit because `writer` is unique per ShardWriter instance."""
+    return f"{check_name(writer, 'writer')}-{_check_version(seq, 'seq'):08d}"
+
+
+def commit_partition(head_version: int) -> str:
+    """`trajectories/commits/v{head:06d}`."""
+    return f"{COMMIT_DIR}/{version_dir_name(head_version)}"
+
+
+def commit_key(head_version: int, writer: str, seq: int) -> str:
+    """`trajectories/commits/v{head:06d}/{writer}-{seq:08d}.json`."""
+    return f"{commit_partition(head_version)}/{commit_id(writer, seq)}.json"
+
+
+def quarantine_key(commit_id: str) -> str:
+    """`trajectories/quarantine/{commit_id}.json`."""
+    return f"{QUARANTINE_DIR}/{check_name(commit_id, 'commit_id')}.json"
+
+
+# --- checkpoints ------------------------------------------------------------------------------------------
+
+
+def checkpoint_dir(v: int) -> str:
+    """`checkpoints/v{v:06d}`."""
+    return f"{CHECKPOINT_DIR}/{version_dir_name(v)}"
+
+
+def checkpoint_commit_key(v: int) -> str:
+    """`checkpoints/v{v:06d}/COMMIT.json`."""
+    return f"{checkpoint_dir(v)}/{CHECKPOINT_COMMIT_NAME}"
+
+
+def ack_dir(v: int) -> str:
+    """`checkpoints/v{v:06d}/acks`."""
+    return f"{checkpoint_dir(v)}/acks"
+
+
+def ack_key(v: int, server_id: str) -> str:
+    """`checkpoints/v{v:06d}/acks/{server}.json`."""
+    return f"{ack_dir(v)}/{check_name(server_id, 'server_id')}.json"
+
+
+# --- trainer / rollout / eval -----------------------------------------------------------------------------
+
+
+def trainer_state_key(step: int) -> str:
+    """`trainer/state-{step:08d}.json`: consumed commits, version, RNG, data cursor."""
+    return f"{TRAINER_DIR}/state-{_check_version(step, 'step'):08d}.json"
+
+
+def trainer_state_dir(step: int) -> str:
+    """`trainer/state-{step:08d}`: model / optimizer blobs (safetensors) beside the JSON."""
+    return f"{TRAINER_DIR}/state-{_check_version(step, 'step'):08d}"
+
+
+def rollout_state_key(name: str) -> str:
+    """`rollout/state-{name}.json`."""
+    return f"{ROLLOUT_DIR}/state-{check_name(name, 'name')}.json"
+
+
+def eval_key(version: int) -> str:
+    """`eval/v{v:06d}.json`."""
+    return f"{EVAL_DIR}/{version_dir_name(version)}.json"
