@@ -494,6 +494,30 @@ class TrackingConfig:
 
 
 @dataclass
+class OrchestrationConfig:
+    mode: Literal["embedded", "distributed"] = field(
+        default="embedded",
+        metadata=_help(
+            "embedded: async-rl runs servers, rollout and training in one flow run (one machine); "
+            "distributed: async-rl triggers the rollout and train deployments on their work pools "
+            "with run_deployment and waits for both."
+        ),
+    )
+    rollout_deployment: str = field(
+        default="rollout/gpu", metadata=_help("Deployment 'flow/name' of the rollout flow (distributed).")
+    )
+    train_deployment: str = field(
+        default="train/gpu", metadata=_help("Deployment 'flow/name' of the train flow (distributed).")
+    )
+    deployment_timeout_s: float | None = field(
+        default=None, metadata=_help("Give up waiting for the triggered runs after this long (None = never).")
+    )
+    stop_timeout_s: float = field(
+        default=30.0, metadata=_help("Grace period for loops and servers to stop before they are killed.")
+    )
+
+
+@dataclass
 class ExperimentConfig:
     experiment: str = field(default="tiny-arith", metadata=_help("Experiment name (MLflow experiment)."))
     trial: str = field(default="trial0", metadata=_help("Trial name; one MLflow run and storage prefix."))
@@ -508,6 +532,9 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig, metadata=_help("Trainer."))
     eval: EvalConfig = field(default_factory=EvalConfig, metadata=_help("Evaluation."))
     tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata=_help("MLflow tracking."))
+    orchestration: OrchestrationConfig = field(
+        default_factory=OrchestrationConfig, metadata=_help("How Prefect runs the loops.")
+    )
 
     def __post_init__(self) -> None:
         for key in ("experiment", "trial"):

@@ -1,0 +1,58 @@
+# rollflow: the README's commands. `make demo` and `make test` install what they need on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
+
+# Offline, telemetry-free, project-local state (see docs/operations.md).
+export PREFECT_HOME ?= $(CURDIR)/runs/prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := true
+export MLFLOW_DISABLE_TELEMETRY := true
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION := false
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test test-fast lint format docs bench clean
+
+$(STAMP):
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first: the CPU wheel 2.13.0; anything else would pull gigabytes of CUDA.
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install  ## bootstrap the tiny model and run async GRPO on the embedded default
+	$(PY) -m flows.async_rl --config configs/tiny_cpu.yaml $(ARGS)
+
+test: install  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
+	$(VENV)/bin/pytest -q -ra $(PYTEST_ARGS)
+
+test-fast: install
+	$(VENV)/bin/pytest -q -ra -m "not slow" $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+docs: install  ## regenerate docs/configuration.md from the config's help text
+	$(PY) -m rollflow.api.config_loader --docs > docs/configuration.md
+
+bench: install
+	$(PY) -m bench.storage
+	$(PY) -m bench.inference
+	$(PY) -m bench.rollout
+	$(PY) -m bench.train
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

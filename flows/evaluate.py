@@ -1,0 +1,70 @@
+"""The evaluate flow: score one committed checkpoint version on a dataset split.
+
+It fetches and verifies the checkpoint, serves it on a private inference server, scores the split
+greedily and writes a Prefect table artifact (and the accuracy as the flow's result).
+Run locally: python -m flows.evaluate --config configs/tiny_cpu.yaml --version 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from tasks.evaluate import evaluate_policy
+from tasks.runtime import configure_process_env, resolve_config
+from tasks.servers import start_servers, stop_servers
+
+
+@flow(name="evaluate", flow_run_name="evaluate-v{version}", log_prints=True)
+def evaluate(
+    config: str | None = "configs/tiny_cpu.yaml",
+    overrides: list[str] | None = None,
+    version: int = -1,
+    split: str | None = None,
+) -> dict[str, Any]:
+    """Score checkpoint ``version`` (-1 = latest committed) on ``split`` (default: dataset.eval_split)."""
+    from storage.checkpoints import CheckpointStore
+    from storage.errors import CheckpointNotFoundError
+    from storage.fs import Storage
+
+    configure_process_env()
+    cfg = resolve_config(config, overrides or [])
+    store = CheckpointStore(Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options))
+    if version < 0:
+        latest = store.resolve_latest()
+        if latest is None:
+            raise CheckpointNotFoundError(f"no committed checkpoint under {store.storage.root_uri}; train first")
+        version = latest.version
+    local = store.fetch(version, Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial)
+    eval_cfg = dataclasses.replace(
+        cfg,
+        inference=dataclasses.replace(cfg.inference, backend="local", n_servers=1),
+        eval=dataclasses.replace(cfg.eval, split=split or cfg.eval.split),
+        model=dataclasses.replace(cfg.model, path=str(local)),
+    )
+    servers = start_servers(eval_cfg, str(local))
+    try:
+        result = evaluate_policy(eval_cfg, servers.addresses, label=f"v{version}", min_version=0)
+    finally:
+        stop_servers(servers)
+    return {k: v for k, v in result.items() if k != "rows"} | {"checkpoint_version": version}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/tiny_cpu.yaml")
+    parser.add_argument("--version", type=int, default=-1)
+    parser.add_argument("--split", default=None)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    print(evaluate(config=args.config, overrides=args.overrides, version=args.version, split=args.split))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The rollout flow: inference servers + checkpoint watcher + rollout loop, on a GPU (or CPU) pool.
+
+Deployed as `rollout/gpu` beside `train/gpu`; both share one storage root. It stops when the
+trainer writes its done marker. Run locally: python -m flows.rollout --config configs/tiny_cpu.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from tasks.bootstrap import bootstrap_model
+from tasks.rollout import rollout_loop
+from tasks.runtime import configure_process_env, resolve_config
+from tasks.servers import start_servers, stop_servers
+
+
+@flow(name="rollout", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
+def rollout(config: str | None = "configs/tiny_cpu.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
+    """Generate and commit trajectory shards until the trainer is done."""
+    configure_process_env()
+    cfg = resolve_config(config, overrides or [])
+    model_path = bootstrap_model(cfg)
+    servers = start_servers(cfg, model_path)
+    try:
+        return rollout_loop(cfg, servers.addresses)
+    finally:
+        stop_servers(servers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/tiny_cpu.yaml")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    print(rollout(config=args.config, overrides=args.overrides))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The train flow: the trainer on committed shards, publishing checkpoints, on a GPU (or CPU) pool.
+
+With train.distributed=fsdp2|ddp and train.nproc_per_node > 1 it launches the trainer under torchrun
+(one process per GPU); otherwise it runs in the flow process. Run locally:
+python -m flows.train --config configs/tiny_cpu.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from rollflow.api.config import ExperimentConfig
+from tasks.bootstrap import bootstrap_model
+from tasks.runtime import configure_process_env, resolve_config
+from tasks.train import train_loop
+
+
+@task(name="train-torchrun", cache_policy=NO_CACHE, persist_result=False)
+def train_torchrun(cfg: ExperimentConfig, config: str | None, overrides: list[str]) -> dict[str, Any]:
+    """Run ``python -m rollflow.training.run`` under torchrun; rank 0 publishes checkpoints."""
+    from storage.checkpoints import CheckpointStore
+    from storage.fs import Storage
+
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc_per_node={cfg.train.nproc_per_node}",
+        "-m", "rollflow.training.run",
+    ]  # fmt: skip
+    if config:
+        cmd += ["--config", config]
+    cmd += overrides
+    get_run_logger().info("launching: %s", " ".join(cmd))
+    subprocess.run(cmd, check=True)
+    done = CheckpointStore(Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)).is_done()
+    return dict(done or {})
+
+
+@flow(name="train", log_prints=True)
+def train(config: str | None = "configs/tiny_cpu.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
+    """Train on committed trajectories until train.steps, publishing checkpoints as it goes."""
+    configure_process_env()
+    overrides = list(overrides or [])
+    cfg = resolve_config(config, overrides)
+    bootstrap_model(cfg)
+    if cfg.train.distributed != "none" and cfg.train.nproc_per_node > 1:
+        return train_torchrun(cfg, config, overrides)
+    return train_loop(cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/tiny_cpu.yaml")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    print(train(config=args.config, overrides=args.overrides))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

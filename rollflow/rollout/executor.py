@@ -1,0 +1,577 @@
+"""WorkflowExecutor: runs rollout episodes concurrently on one event loop, within the staleness capacity.
+
+What it is: the producer half of AReaL's WorkflowExecutor, rebuilt as one asyncio scheduler task.
+Per tick it (1) starts episodes while ``StalenessManager.try_submit`` grants capacity and the executor
+is not paused, taking inputs first from ``submit``-ted rows, then lazily from a ``feed``-ed source (so a
+data cursor only moves when an episode really starts); (2) waits for any episode to finish (or
+``poll_interval_s``, so a new trainer version re-opens capacity); (3) judges each finished episode and
+hands accepted groups to the shard writer, flushing it periodically.
+
+A finished episode is, in this order:
+- failed    -- ``arun_episode`` raised (or returned a malformed group): counted and logged; when more
+               than ``max_failure_rate`` of at least ``min_episodes_for_failure`` episodes failed the
+               executor stops with ``RolloutFailureError`` quoting the first traceback;
+- rejected  -- it returned None or an empty group, ``should_accept_fn(group)`` said no, or it is stale:
+               ``head_version < max(version, accepted // B) - max_staleness``, i.e. the oldest-first
+               trainer would consume it more than ``max_staleness`` versions after its first token
+               (see ``StalenessManager.expected_consumer_version``); the trainer would drop it anyway;
+- accepted  -- written (``writer.add``) and, for ``rollout_batch`` / ``prepare_batch`` callers, returned.
+
+Two ways to drive it:
+- inside a running loop: ``async with executor: ...`` then ``feed``/``asubmit``/``arollout_batch``/
+  ``aprepare_batch``/``await_idle``;
+- from synchronous code (embedded single-process mode): ``start_in_thread()`` then ``rollout_batch``,
+  ``prepare_batch``, ``submit``, ``wait``, ``stop``. The loop then lives in a daemon thread.
+
+What it is not: it does not read datasets, storage or checkpoints (``rollflow.rollout.loop`` does), and
+it does not build trajectories (the workflows do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import Future as ConcurrentFuture
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeVar
+
+from rollflow.api.errors import RolloutFailureError
+from rollflow.api.inference import InferenceClient
+from rollflow.api.workflow import RolloutWorkflow, import_string
+from rollflow.rollout.staleness import StalenessManager
+from storage.schema import TrajectoryGroup
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RejectReason = Literal["none", "empty", "filtered", "stale"]
+ShouldAcceptFn = Callable[[TrajectoryGroup], bool]
+
+
+class GroupWriter(Protocol):
+    """What the executor needs from ``storage.shards.ShardWriter``."""
+
+    def add(self, group: TrajectoryGroup) -> Any: ...
+
+    def maybe_flush(self) -> Any: ...
+
+    def flush(self) -> Any: ...
+
+
+@dataclass
+class ExecutorStats:
+    """Counters of one executor run (``StalenessManager.stat`` also holds restored counts)."""
+
+    started: int = 0
+    accepted: int = 0
+    rejected: dict[str, int] = field(default_factory=lambda: collections.Counter())
+    failed: int = 0
+    cancelled: int = 0
+    tokens: int = 0  # generated (loss_mask == 1) tokens of every finished group, accepted or not
+    reward_sum: float = 0.0  # over rows of accepted groups
+    rows: int = 0  # rows of accepted groups
+    staleness_sum: int = 0  # sum over accepted groups of (version at acceptance - head_version)
+    staleness_max: int = 0
+    flushes: int = 0
+    first_failure: str | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def n_rejected(self) -> int:
+        return sum(self.rejected.values())
+
+    @property
+    def finished(self) -> int:
+        return self.accepted + self.n_rejected + self.failed
+
+    def as_metrics(self) -> dict[str, float]:
+        """Flat numbers for a MetricsSink (the caller adds a prefix such as ``rollout/``)."""
+        elapsed = max(time.monotonic() - self.started_at, 1e-9)
+        out = {
+            "episodes_started": float(self.started),
+            "groups_accepted": float(self.accepted),
+            "groups_rejected": float(self.n_rejected),
+            "episodes_failed": float(self.failed),
+            "tokens_per_s": self.tokens / elapsed,
+            "reward_mean": self.reward_sum / self.rows if self.rows else 0.0,
+            "staleness_mean": self.staleness_sum / self.accepted if self.accepted else 0.0,
+            "staleness_max": float(self.staleness_max),
+            "shard_flushes": float(self.flushes),
+        }
+        for reason, n in self.rejected.items():
+            out[f"rejected_{reason}"] = float(n)
+        return out
+
+
+@dataclass
+class _Episode:
+    key: Hashable
+    started_at: float
+    future: asyncio.Future[TrajectoryGroup | None] | None = None
+
+
+class WorkflowExecutor:
+    """Concurrent, staleness-bounded episode runner; see the module docstring."""
+
+    def __init__(
+        self,
+        workflow: RolloutWorkflow,
+        client: InferenceClient,
+        staleness: StalenessManager,
+        *,
+        writer: GroupWriter | None = None,
+        version_fn: Callable[[], int] | None = None,
+        should_accept_fn: ShouldAcceptFn | str | None = None,
+        max_failure_rate: float = 0.2,
+        min_episodes_for_failure: int = 20,
+        poll_interval_s: float = 0.05,
+        on_flush: Callable[[WorkflowExecutor], None] | None = None,
+        collect: bool | None = None,
+    ) -> None:
+        """
+        Args:
+            workflow: runs one episode per dataset row.
+            client: passed to ``workflow.arun_episode``; also the default version source.
+            staleness: capacity and counters (restore it before starting after a restart).
+            writer: accepted groups go here (``add``; ``maybe_flush`` every tick; ``flush`` on close).
+            version_fn: trainer version served; default ``client.get_version``.
+            should_accept_fn: ``fn(group) -> bool`` or an import string; False rejects the group.
+            max_failure_rate: stop when failed / finished exceeds this ...
+            min_episodes_for_failure: ... once at least this many episodes finished.
+            poll_interval_s: longest wait between capacity checks (a new version re-opens capacity).
+            on_flush: called on the loop thread after the writer committed something (persist state).
+            collect: keep accepted groups for ``wait``/``prepare_batch``; default: when no writer.
+        """
+        if not 0 < max_failure_rate <= 1:
+            raise ValueError(f"max_failure_rate must be in (0, 1], got {max_failure_rate}")
+        self.workflow = workflow
+        self.client = client
+        self.staleness = staleness
+        self.writer = writer
+        self._version_fn = version_fn or client.get_version
+        if isinstance(should_accept_fn, str):
+            should_accept_fn = import_string(should_accept_fn)
+        self._should_accept = should_accept_fn
+        self.max_failure_rate = max_failure_rate
+        self.min_episodes_for_failure = min_episodes_for_failure
+        self.poll_interval_s = poll_interval_s
+        self._on_flush = on_flush
+        self._collect = writer is None if collect is None else collect
+        self.stats = ExecutorStats()
+
+        # Loop-thread state (only touched from the loop once started).
+        self._inputs: collections.deque[tuple[Hashable, dict[str, Any], asyncio.Future | None]] = (
+            collections.deque()
+        )
+        self._source: Iterator[tuple[Hashable, dict[str, Any]]] | None = None
+        self._tasks: dict[asyncio.Task[TrajectoryGroup | None], _Episode] = {}
+        self._buffered_keys: list[Hashable] = []  # accepted, not yet committed by the writer
+        self._results: collections.deque[TrajectoryGroup] = collections.deque()
+        self._result_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._next_key = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._scheduler: asyncio.Task[None] | None = None
+        self._closing = False
+        self._error: BaseException | None = None
+        self._paused = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle (async) -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> WorkflowExecutor:
+        await self.astart()
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        await self.aclose(cancel=True)
+
+    async def astart(self) -> None:
+        """Start the scheduler on the running loop."""
+        if self._scheduler is not None:
+            raise RuntimeError("executor already started")
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self.stats.started_at = time.monotonic()
+        self._scheduler = asyncio.create_task(self._run_scheduler(), name="rollout-scheduler")
+
+    async def aclose(self, *, cancel: bool = True) -> None:
+        """Stop admitting; cancel running episodes (or let them finish if ``cancel=False``); flush."""
+        if self._scheduler is None:
+            return
+        if not cancel:
+            self._inputs.clear()
+            self._source = None
+            with contextlib.suppress(RolloutFailureError):
+                await self.await_idle()
+        self._closing = True
+        self._poke()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._scheduler
+        running = list(self._tasks)
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+        for task in running:
+            ep = self._tasks.pop(task)
+            self.stats.cancelled += 1
+            self.staleness.on_rollout_rejected()
+            if ep.future is not None and not ep.future.done():
+                ep.future.cancel()
+        for _, _, fut in self._inputs:
+            if fut is not None and not fut.done():
+                fut.cancel()
+        self._inputs.clear()
+        self._flush(force=True)
+        self._fail_waiters(self._error or RuntimeError("executor closed"))
+
+    # --- feeding and collecting (async, on the loop) ---------------------------------------------------
+
+    def feed(self, source: Iterator[tuple[Hashable, dict[str, Any]]]) -> None:
+        """Pull ``(key, row)`` pairs from ``source`` whenever capacity allows (after submitted rows)."""
+        self._source = source
+        self._poke()
+
+    def feed_rows(self, rows: Iterator[dict[str, Any]]) -> None:
+        """``feed`` for plain rows; keys are a running counter."""
+        self.feed((self._new_key(), row) for row in rows)
+
+    async def asubmit(self, data: dict[str, Any], *, key: Hashable | None = None) -> asyncio.Future:
+        """Queue one row; the returned future resolves to its accepted group or None (rejected/failed)."""
+        self._check_running()
+        assert self._loop is not None
+        fut: asyncio.Future[TrajectoryGroup | None] = self._loop.create_future()
+        self._inputs.append((self._new_key() if key is None else key, data, fut))
+        self.staleness.on_rollout_enqueued()
+        self._poke()
+        return fut
+
+    async def arollout_batch(self, data_list: list[dict[str, Any]]) -> list[TrajectoryGroup]:
+        """Synchronous-RL step: run one episode per row, wait for all, return the accepted groups in order."""
+        futures = [await self.asubmit(d) for d in data_list]
+        results = await asyncio.gather(*futures)
+        return [g for g in results if g is not None]
+
+    async def await_results(self, count: int, timeout: float | None = None) -> list[TrajectoryGroup]:
+        """Pop ``count`` collected groups (oldest accepted first); TimeoutError if they do not arrive."""
+        if not self._collect:
+            raise RuntimeError("this executor does not collect results (collect=False)")
+        self._check_running()
+        if len(self._results) < count:
+            assert self._loop is not None
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            self._result_waiters.append((count, waiter))
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), timeout)
+            finally:
+                self._result_waiters = [(c, w) for c, w in self._result_waiters if w is not waiter]
+        return [self._results.popleft() for _ in range(count)]
+
+    async def aprepare_batch(
+        self, rows: Iterator[dict[str, Any]], batch_size: int, timeout: float | None = None
+    ) -> list[TrajectoryGroup]:
+        """Asynchronous-RL step: keep generating from ``rows`` (fed once) and return ``batch_size`` groups."""
+        if self._source is None:
+            self.feed_rows(rows)
+        return await self.await_results(batch_size, timeout)
+
+    async def await_idle(self) -> None:
+        """Wait until nothing is queued, the source is exhausted and no episode runs."""
+        self._check_running()
+        if self._is_idle():
+            return
+        assert self._loop is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._idle_waiters.append(fut)
+        await fut
+
+    # --- control (any thread) --------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Start no new episode until ``resume`` (running ones go on)."""
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+        self._poke()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused.is_set()
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def n_running(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def source_exhausted(self) -> bool:
+        return self._source is None and not self._inputs
+
+    def open_keys(self) -> list[Hashable]:
+        """Keys of episodes started but not yet committed (running, or accepted and still buffered)."""
+        return [ep.key for ep in self._tasks.values()] + list(self._buffered_keys)
+
+    # --- synchronous facade (embedded mode) -----------------------------------------------------------
+
+    def start_in_thread(self) -> None:
+        """Run the executor's loop in a daemon thread so synchronous code can call the methods below."""
+        if self._thread is not None:
+            raise RuntimeError("executor thread already started")
+        started = threading.Event()
+
+        def main() -> None:
+            async def body() -> None:
+                await self.astart()
+                started.set()
+                assert self._scheduler is not None
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(self._scheduler)
+                while not self._closing:  # scheduler ended by a failure: stay up for aclose()
+                    await asyncio.sleep(self.poll_interval_s)
+
+            asyncio.run(body())
+
+        self._thread = threading.Thread(target=main, name="rollout-executor", daemon=True)
+        self._thread.start()
+        started.wait()
+
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        if self._thread is None or self._loop is None:
+            coro.close()
+            raise RuntimeError("call start_in_thread() first (or use the async methods inside a loop)")
+        fut: ConcurrentFuture = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return fut.result(timeout)
+
+    def submit(self, data: dict[str, Any]) -> None:
+        self._call(self.asubmit(data))
+
+    def wait(self, count: int, timeout: float | None = None) -> list[TrajectoryGroup]:
+        return self._call(self.await_results(count, timeout))
+
+    def rollout_batch(self, data_list: list[dict[str, Any]], timeout: float | None = None) -> list[TrajectoryGroup]:
+        return self._call(self.arollout_batch(data_list), timeout)
+
+    def prepare_batch(
+        self, rows: Iterator[dict[str, Any]], batch_size: int, timeout: float | None = None
+    ) -> list[TrajectoryGroup]:
+        return self._call(self.aprepare_batch(rows, batch_size, timeout))
+
+    def stop(self, *, cancel: bool = True, timeout: float | None = 60.0) -> None:
+        """Close the executor started with ``start_in_thread`` and join its thread."""
+        if self._thread is None:
+            return
+        self._call(self.aclose(cancel=cancel), timeout)
+        self._thread.join(timeout)
+        self._thread = None
+
+    # --- the scheduler ---------------------------------------------------------------------------------
+
+    def _new_key(self) -> int:
+        self._next_key += 1
+        return self._next_key - 1
+
+    def _check_running(self) -> None:
+        self.raise_if_failed()
+        if self._scheduler is None or self._closing:
+            raise RuntimeError("executor is not running")
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is None or wake is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            wake.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(wake.set)
+
+    def _next_input(self) -> tuple[Hashable, dict[str, Any], asyncio.Future | None] | None:
+        if self._inputs:
+            return self._inputs.popleft()
+        if self._source is None:
+            return None
+        try:
+            key, data = next(self._source)
+        except StopIteration:
+            self._source = None
+            return None
+        self.staleness.on_rollout_enqueued()
+        return key, data, None
+
+    def _has_input(self) -> bool:
+        return bool(self._inputs) or self._source is not None
+
+    def _is_idle(self) -> bool:
+        return not self._tasks and not self._has_input()
+
+    async def _run_scheduler(self) -> None:
+        assert self._wake is not None
+        try:
+            while not self._closing:
+                self._admit()
+                await self._wait_for_progress()
+                self._flush(force=False)
+                if self._is_idle():
+                    self._resolve(self._idle_waiters, None)
+                    self._idle_waiters = []
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the source raised, or too many episodes failed
+            if self._error is None:
+                self._error = exc
+            logger.error("rollout executor stopped: %s", exc)
+            self._fail_waiters(exc)
+
+    def _admit(self) -> None:
+        if self._paused.is_set():
+            return
+        version = int(self._version_fn())
+        while self._has_input() and self.staleness.get_capacity(version) > 0:
+            item = self._next_input()
+            if item is None:
+                break
+            if not self.staleness.try_submit(version):  # capacity changed under us (another thread)
+                self._inputs.appendleft(item)
+                break
+            key, data, fut = item
+            task = asyncio.create_task(self.workflow.arun_episode(self.client, data))
+            self._tasks[task] = _Episode(key=key, started_at=time.monotonic(), future=fut)
+            self.stats.started += 1
+
+    async def _wait_for_progress(self) -> None:
+        assert self._wake is not None
+        self._wake.clear()
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            done, _ = await asyncio.wait(
+                [*self._tasks, waker], timeout=self.poll_interval_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if not waker.done():
+                waker.cancel()
+        for task in done:
+            if task is not waker:
+                self._finish(task)
+
+    def _finish(self, task: asyncio.Task[TrajectoryGroup | None]) -> None:
+        ep = self._tasks.pop(task)
+        try:
+            group = task.result()
+            if group is not None:
+                if not isinstance(group, TrajectoryGroup):
+                    raise TypeError(f"arun_episode returned {type(group).__name__}, not TrajectoryGroup | None")
+                if group.rows:
+                    group.validate()
+        except asyncio.CancelledError:
+            self.stats.cancelled += 1
+            self.staleness.on_rollout_rejected()
+            self._resolve([ep.future], None)
+            return
+        except Exception as exc:
+            self._on_failure(ep, exc)
+            return
+        self.stats.tokens += sum(sum(r.loss_mask) for r in group.rows) if group is not None else 0
+        version = int(self._version_fn())
+        reason = self._judge(group, version)
+        if reason is not None:
+            self.stats.rejected[reason] += 1
+            self.staleness.on_rollout_rejected()
+            logger.debug("episode %s rejected (%s)", ep.key, reason)
+            self._resolve([ep.future], None)
+            return
+        assert group is not None
+        self._accept(ep, group, version)
+
+    def _judge(self, group: TrajectoryGroup | None, version: int) -> RejectReason | None:
+        if group is None:
+            return "none"
+        if not group.rows:
+            return "empty"
+        if self._should_accept is not None and not self._should_accept(group):
+            return "filtered"
+        head = group.head_version
+        bound = self.staleness.expected_consumer_version(version) - self.staleness.max_staleness
+        if 0 <= head < bound:
+            return "stale"
+        return None
+
+    def _accept(self, ep: _Episode, group: TrajectoryGroup, version: int) -> None:
+        self.staleness.on_rollout_accepted()
+        s = self.stats
+        s.accepted += 1
+        s.rows += len(group.rows)
+        s.reward_sum += sum(r.reward for r in group.rows)
+        lag = max(0, version - group.head_version) if group.head_version >= 0 else 0
+        s.staleness_sum += lag
+        s.staleness_max = max(s.staleness_max, lag)
+        if self.writer is not None:
+            self.writer.add(group)
+            self._buffered_keys.append(ep.key)
+        if ep.future is not None:
+            self._resolve([ep.future], group)
+        elif self._collect:
+            self._results.append(group)
+            ready = [(c, w) for c, w in self._result_waiters if c <= len(self._results)]
+            self._resolve([w for _, w in ready], None)
+
+    def _on_failure(self, ep: _Episode, exc: BaseException) -> None:
+        s = self.stats
+        s.failed += 1
+        self.staleness.on_rollout_rejected()
+        self._resolve([ep.future], None)
+        if s.first_failure is None:
+            s.first_failure = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            logger.error("episode %s raised (first failure):\n%s", ep.key, s.first_failure)
+        else:
+            logger.warning("episode %s raised %s: %s", ep.key, type(exc).__name__, exc)
+        finished = s.finished
+        rate = s.failed / finished
+        if finished >= self.min_episodes_for_failure and rate > self.max_failure_rate:
+            raise RolloutFailureError(
+                f"{s.failed} of {finished} rollout episodes raised ({rate:.0%} > "
+                f"rollout.max_failure_rate={self.max_failure_rate:.0%}); first failure:\n{s.first_failure}"
+            )
+
+    def _flush(self, *, force: bool) -> None:
+        if self.writer is None:
+            return
+        committed = self.writer.flush() if force else self.writer.maybe_flush()
+        if committed:
+            self.stats.flushes += 1
+            self._buffered_keys.clear()
+            if self._on_flush is not None:
+                self._on_flush(self)
+
+    @staticmethod
+    def _resolve(futures: list[asyncio.Future | None], value: Any) -> None:
+        for fut in futures:
+            if fut is not None and not fut.done():
+                fut.set_result(value)
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        waiters: list[asyncio.Future | None] = [w for _, w in self._result_waiters] + list(self._idle_waiters)
+        waiters += [ep.future for ep in self._tasks.values()]
+        for fut in waiters:
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+        self._result_waiters, self._idle_waiters = [], []

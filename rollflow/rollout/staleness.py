@@ -1,0 +1,212 @@
+"""StalenessManager: how many new episodes the rollout may start right now (AReaL's capacity rule).
+
+What it is: thread-safe counters of the rollout (enqueued, submitted, running, accepted, rejected) and
+the capacity that bounds both concurrency and off-policyness. All counts are in GROUPS: one episode is
+one prompt is one ``TrajectoryGroup``, and ``consumer_batch_size`` is the trainer's groups per step.
+
+    max_samples(v) = (max_staleness + v + 1) * consumer_batch_size
+    capacity(v)    = min(max_concurrent - running,  max_samples(v) - (accepted + running))
+
+Why the second term bounds staleness: the trainer at version ``v`` has consumed ``v * B`` groups and
+consumes oldest first, so a group that is among the first ``max_samples(v)`` ever produced is consumed
+at a version ``<= v + max_staleness`` -- at most ``max_staleness`` versions after the weights it was
+started under. Worked example (the seed's): v = 5, max_staleness = 2, B = 64, 500 groups accepted or
+running, 1000 max concurrent -> min(1000 - r, (2 + 5 + 1) * 64 - 500) = 512 - 500 = 12.
+
+``version`` is the trainer version the servers have loaded (``LATEST`` through the checkpoint watcher),
+read through ``version_fn`` or passed explicitly. After a restart, ``restore(accepted=...)`` seeds the
+counter from the groups storage already holds; resetting it to 0 would let the rollout run up to
+``max_samples`` groups ahead of the trainer again (AReaL bug #1388: unbounded staleness after recovery).
+
+What it is not: it starts nothing and reads no storage; the executor asks it and reports events to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+logger = logging.getLogger(__name__)
+
+StalenessEvent = Literal["enqueued", "submitted", "accepted", "rejected", "restored"]
+
+
+@dataclass(frozen=True)
+class RolloutStat:
+    """A consistent snapshot of the counters. ``enqueued``/``submitted``/``accepted``/``rejected`` only grow."""
+
+    enqueued: int = 0  # handed to the executor (cumulative)
+    submitted: int = 0  # started as an episode (cumulative)
+    running: int = 0  # started and not yet accepted or rejected (gauge)
+    accepted: int = 0  # groups kept, including those restored from storage (cumulative)
+    rejected: int = 0  # episodes that ended without a kept group: None, filtered, stale or raised
+
+    @property
+    def waiting(self) -> int:
+        """Enqueued but not started."""
+        return self.enqueued - self.submitted
+
+
+class StalenessListener(Protocol):
+    """Called after every event with the counters after it and the version the manager last saw."""
+
+    def __call__(self, event: StalenessEvent, stat: RolloutStat, version: int) -> None: ...
+
+
+class StalenessManager:
+    """Capacity = min(concurrency room, staleness room); see the module docstring for the formula."""
+
+    def __init__(
+        self,
+        max_concurrent: int,
+        max_staleness: int,
+        consumer_batch_size: int,
+        *,
+        version_fn: Callable[[], int] | None = None,
+        listeners: Iterable[StalenessListener] = (),
+    ) -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        if consumer_batch_size < 1:
+            raise ValueError(f"consumer_batch_size must be >= 1 group, got {consumer_batch_size}")
+        self.max_concurrent = max_concurrent
+        self.max_staleness = max_staleness
+        self.consumer_batch_size = consumer_batch_size
+        self._version_fn = version_fn
+        self._listeners: list[StalenessListener] = list(listeners)
+        self._lock = threading.Lock()
+        self._stat = RolloutStat()
+        self._last_version = 0
+
+    # --- reading ---------------------------------------------------------------------------------------
+
+    @property
+    def stat(self) -> RolloutStat:
+        with self._lock:
+            return self._stat
+
+    @property
+    def last_version(self) -> int:
+        """The version used by the latest capacity check (or event)."""
+        with self._lock:
+            return self._last_version
+
+    def current_version(self, version: int | None = None) -> int:
+        """``version`` if given, else ``version_fn()``; a manager without ``version_fn`` needs it given."""
+        if version is None:
+            if self._version_fn is None:
+                raise ValueError("StalenessManager has no version_fn; pass the trainer version explicitly")
+            version = int(self._version_fn())
+        if version < 0:
+            raise ValueError(f"version must be >= 0, got {version}")
+        return version
+
+    def max_samples(self, version: int) -> int:
+        """``(max_staleness + version + 1) * consumer_batch_size``: groups that may ever exist at ``version``."""
+        return (self.max_staleness + version + 1) * self.consumer_batch_size
+
+    def get_capacity(self, version: int | None = None) -> int:
+        """Episodes that may start now (may be <= 0). See the module docstring."""
+        v = self.current_version(version)
+        with self._lock:
+            self._last_version = v
+            return self._capacity_locked(v)
+
+    def _capacity_locked(self, v: int) -> int:
+        s = self._stat
+        concurrency_room = self.max_concurrent - s.running
+        staleness_room = self.max_samples(v) - (s.accepted + s.running)
+        return min(concurrency_room, staleness_room)
+
+    def expected_consumer_version(self, version: int | None = None) -> int:
+        """Lowest trainer version at which the NEXT accepted group can be consumed (oldest-first trainer).
+
+        ``max(version, accepted // B)``: ``accepted`` groups are ahead of it in the queue, and a
+        trainer that consumes B per step reaches group index k at version k // B (or later).
+        """
+        v = self.current_version(version)
+        with self._lock:
+            return max(v, self._stat.accepted // self.consumer_batch_size)
+
+    # --- events ----------------------------------------------------------------------------------------
+
+    def add_listener(self, listener: StalenessListener) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def _emit(self, event: StalenessEvent, stat: RolloutStat, version: int) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event, stat, version)
+            except Exception:  # a broken listener must not break accounting
+                logger.exception("staleness listener failed on %s", event)
+
+    def _update(self, event: StalenessEvent, **delta: int) -> RolloutStat:
+        with self._lock:
+            s = self._stat
+            new = RolloutStat(
+                enqueued=s.enqueued + delta.get("enqueued", 0),
+                submitted=s.submitted + delta.get("submitted", 0),
+                running=s.running + delta.get("running", 0),
+                accepted=s.accepted + delta.get("accepted", 0),
+                rejected=s.rejected + delta.get("rejected", 0),
+            )
+            if new.running < 0:
+                raise RuntimeError(f"on_rollout_{event} without a running episode (counters {s})")
+            self._stat = new
+            version = self._last_version
+        self._emit(event, new, version)
+        return new
+
+    def on_rollout_enqueued(self, n: int = 1) -> None:
+        self._update("enqueued", enqueued=n)
+
+    def on_rollout_submitted(self) -> None:
+        """An episode started. Prefer ``try_submit``, which checks capacity in the same critical section."""
+        self._update("submitted", submitted=1, running=1)
+
+    def on_rollout_accepted(self) -> None:
+        self._update("accepted", running=-1, accepted=1)
+
+    def on_rollout_rejected(self) -> None:
+        self._update("rejected", running=-1, rejected=1)
+
+    def try_submit(self, version: int | None = None) -> bool:
+        """Atomically: if capacity > 0, count one submitted episode and return True; else False."""
+        v = self.current_version(version)
+        with self._lock:
+            self._last_version = v
+            if self._capacity_locked(v) <= 0:
+                return False
+            s = self._stat
+            new = RolloutStat(s.enqueued, s.submitted + 1, s.running + 1, s.accepted, s.rejected)
+            self._stat = new
+        self._emit("submitted", new, v)
+        return True
+
+    def restore(self, *, accepted: int, rejected: int = 0) -> None:
+        """Seed the counters after a restart from what storage shows (never reset to 0, bug #1388).
+
+        ``accepted``: groups already committed by this trial's writers; ``rejected``: from the persisted
+        rollout state (informational only; it does not enter the capacity).
+        """
+        if accepted < 0 or rejected < 0:
+            raise ValueError(f"restore needs counts >= 0, got accepted={accepted} rejected={rejected}")
+        with self._lock:
+            if self._stat.running:
+                raise RuntimeError(f"restore() with {self._stat.running} episodes running; call it before start")
+            self._stat = RolloutStat(
+                enqueued=accepted + rejected,
+                submitted=accepted + rejected,
+                running=0,
+                accepted=accepted,
+                rejected=rejected,
+            )
+            new, version = self._stat, self._last_version
+        logger.info("staleness counters restored: accepted=%d rejected=%d", accepted, rejected)
+        self._emit("restored", new, version)

@@ -1,0 +1,1 @@
+"""Experiment tracking: MLflow runs, metrics sink, artifacts and the model registry."""

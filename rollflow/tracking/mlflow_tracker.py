@@ -1,0 +1,224 @@
+"""One MLflow run per trial: params, a metrics sink, artifacts and the model registry.
+
+What it is: ``MlflowTracker`` wraps ``MlflowClient`` for the life of a trial. It logs the flattened,
+secret-free config as params, hands out a thread-safe ``MetricsSink`` the loops report through,
+logs the resolved config / curve PNG / sample trajectories, registers the final checkpoint as a
+Hugging Face directory (loadable with ``from_pretrained`` after ``download_artifacts``), and finds the
+newest registered checkpoint for a retrain.
+What it is not: the source of any metric. It never imports prefect; Prefect artifacts live in tasks/.
+
+Tracking URI: ``cfg.tracking.mlflow_tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else a SQLite file
+``runs/mlflow/mlflow.db`` with artifacts in ``runs/mlflow/artifacts`` (see docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rollflow.api.config import ExperimentConfig
+from rollflow.api.config_loader import flat_params, to_yaml
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DIR = Path("runs/mlflow")
+_PARAM_BATCH = 100  # MLflow's limit of params per log_batch call
+_METRIC_BATCH = 1000
+
+
+def resolve_tracking_uri(cfg: ExperimentConfig, base_dir: Path = DEFAULT_DIR) -> tuple[str, str | None]:
+    """Return (tracking_uri, artifact_location or None when the server decides)."""
+    uri = cfg.tracking.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        artifact = None
+        if uri.startswith("sqlite:") or uri.startswith("file:"):
+            artifact = (base_dir.resolve() / "artifacts").as_uri()
+        return uri, artifact
+    base = base_dir.resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{base / 'mlflow.db'}", (base / "artifacts").as_uri()
+
+
+class MlflowSink:
+    """``MetricsSink`` that writes to one MLflow run; safe to call from several threads."""
+
+    def __init__(self, client: Any, run_id: str, prefix: str = "") -> None:
+        self._client = client
+        self._run_id = run_id
+        self._prefix = prefix
+        self._lock = threading.Lock()
+        self.history: dict[str, list[tuple[int | None, float]]] = {}
+
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = []
+        with self._lock:
+            for name, value in metrics.items():
+                v = float(value)
+                if math.isnan(v) or math.isinf(v):
+                    continue
+                key = self._prefix + name
+                self.history.setdefault(key, []).append((step, v))
+                batch.append(Metric(key=key, value=v, timestamp=now, step=int(step or 0)))
+        for i in range(0, len(batch), _METRIC_BATCH):
+            try:
+                self._client.log_batch(self._run_id, metrics=batch[i : i + _METRIC_BATCH])
+            except Exception as exc:  # tracking must never kill training
+                log.warning("MLflow metric logging failed (%s); continuing", type(exc).__name__)
+
+
+class MlflowTracker:
+    def __init__(self, cfg: ExperimentConfig, *, base_dir: Path = DEFAULT_DIR) -> None:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        self.cfg = cfg
+        self.tracking_uri, self._artifact_location = resolve_tracking_uri(cfg, base_dir)
+        mlflow.set_tracking_uri(self.tracking_uri)
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.experiment_name = cfg.tracking.mlflow_experiment or cfg.experiment
+        self.model_name = cfg.tracking.registered_model_name or f"{cfg.experiment}-policy"
+        self.run_id: str | None = None
+        self.sink: MlflowSink | None = None
+
+    # -- run lifecycle -----------------------------------------------------------------------
+    def _experiment_id(self) -> str:
+        exp = self.client.get_experiment_by_name(self.experiment_name)
+        if exp is not None:
+            return exp.experiment_id
+        return self.client.create_experiment(self.experiment_name, artifact_location=self._artifact_location)
+
+    def start(self, *, tags: dict[str, str] | None = None) -> str:
+        """Start (or resume, for the same trial) the trial's run and log the config as params."""
+        exp_id = self._experiment_id()
+        existing = self.client.search_runs(
+            [exp_id],
+            filter_string=f"tags.`rollflow.trial` = '{self.cfg.trial}'",
+            max_results=1,
+        )
+        if existing:
+            self.run_id = existing[0].info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            all_tags = {"rollflow.trial": self.cfg.trial, "rollflow.experiment": self.cfg.experiment}
+            all_tags.update(tags or {})
+            run = self.client.create_run(exp_id, run_name=self.cfg.trial, tags=all_tags)
+            self.run_id = run.info.run_id
+            self._log_params()
+        self.sink = MlflowSink(self.client, self.run_id)
+        self.client.log_text(self.run_id, to_yaml(self.cfg), "config/resolved.yaml")
+        return self.run_id
+
+    def _log_params(self) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(k, v[:6000]) for k, v in sorted(flat_params(self.cfg).items())]
+        for i in range(0, len(params), _PARAM_BATCH):
+            self.client.log_batch(self.run_id, params=params[i : i + _PARAM_BATCH])
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, status=status)
+
+    @property
+    def run_url(self) -> str:
+        """A link to the run for humans (UI URL for http stores, the URI otherwise)."""
+        exp_id = self._experiment_id()
+        if self.tracking_uri.startswith("http"):
+            return f"{self.tracking_uri.rstrip('/')}/#/experiments/{exp_id}/runs/{self.run_id}"
+        return f"{self.tracking_uri} (run {self.run_id}; browse with `mlflow ui --backend-store-uri {self.tracking_uri}`)"
+
+    # -- artifacts ---------------------------------------------------------------------------
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, str(v))
+
+    def log_dict(self, obj: Any, artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, obj, artifact_file)
+
+    def log_table(self, rows: Sequence[dict[str, Any]], artifact_file: str) -> None:
+        if not rows:
+            return
+        columns = {k: [r.get(k) for r in rows] for k in rows[0]}
+        self.client.log_table(self.run_id, data=columns, artifact_file=artifact_file)
+
+    def log_curves_png(self, artifact_file: str = "plots/reward_accuracy.png") -> None:
+        """Plot reward_mean per step and eval accuracy per version from the sink's history."""
+        if self.sink is None:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, label in (("train/reward_mean", "train reward mean"), ("eval/accuracy", "eval accuracy")):
+            points = [(s, v) for s, v in self.sink.history.get(name, []) if s is not None]
+            if points:
+                xs, ys = zip(*sorted(points), strict=True)
+                ax.plot(xs, ys, marker="o" if name.startswith("eval") else None, label=label)
+        ax.set_xlabel("policy version")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        ax.set_title(f"{self.cfg.experiment} / {self.cfg.trial}")
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / Path(artifact_file).name
+            path.write_bytes(buf.getvalue())
+            self.client.log_artifact(self.run_id, str(path), str(Path(artifact_file).parent))
+
+    # -- model registry ----------------------------------------------------------------------
+    def register_checkpoint(self, local_dir: str | Path, *, version: int, extra_tags: dict[str, Any] | None = None) -> str:
+        """Upload a HF checkpoint dir as run artifact ``checkpoint`` and register it; returns the registry version."""
+        from mlflow.exceptions import MlflowException
+
+        self.client.log_artifacts(self.run_id, str(local_dir), "checkpoint")
+        try:
+            self.client.create_registered_model(self.model_name)
+        except MlflowException:
+            pass  # already exists
+        tags = {"policy_version": str(version), "trial": self.cfg.trial, "experiment": self.cfg.experiment}
+        tags.update({k: str(v) for k, v in (extra_tags or {}).items()})
+        mv = self.client.create_model_version(
+            self.model_name,
+            source=f"runs:/{self.run_id}/checkpoint",
+            run_id=self.run_id,
+            tags=tags,
+            description=f"rollflow policy version {version} of trial {self.cfg.trial}",
+        )
+        self.client.set_registered_model_alias(self.model_name, "latest-rl", mv.version)
+        return str(mv.version)
+
+
+def download_latest_registered(tracking_uri: str, model_name: str, dst: str | Path) -> tuple[Path, dict[str, str]]:
+    """Download the newest version of a registered rollflow policy; returns (local HF dir, its tags)."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    versions = client.search_model_versions(f"name = '{model_name}'")
+    if not versions:
+        raise LookupError(
+            f"no registered model named {model_name!r} at {tracking_uri}; run a training flow first "
+            "or set model.path to a checkpoint"
+        )
+    newest = max(versions, key=lambda v: int(v.version))
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    local = mlflow.artifacts.download_artifacts(
+        artifact_uri=f"models:/{model_name}/{newest.version}", dst_path=str(dst), tracking_uri=tracking_uri
+    )
+    return Path(local), dict(newest.tags)

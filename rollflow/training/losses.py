@@ -1,0 +1,148 @@
+"""The decoupled PPO policy loss (AReaL), with asymmetric and dual clipping, and loss aggregation.
+
+What it is: pure tensor functions over [B, T] per-token tensors. No model, no optimizer, no config.
+What it is not: the KL penalty (``kl.py``), advantages (``advantages.py``) or the training loop.
+
+Per token t with advantage A, current logp, proximal logp (recomputed by the trainer before the update,
+no grad) and behaviour logp (from the inference server that sampled the token):
+
+    r      = exp(logp - prox_logp)                                  ratio against the proximal policy
+    s1     = -A * r
+    s2     = -A * clip(r, 1 - eps_clip, 1 + eps_high)               eps_high = eps_clip_higher or eps_clip
+    pg     = max(s1, s2)                                            PPO's pessimistic surrogate
+    pg     = min(pg, -c_clip * A)     where A < 0                   dual clip (only if c_clip is set)
+    w      = exp(prox_logp - behav_logp)                            behaviour importance weight (no grad)
+    cap:   mask     -> tokens with w > cap contribute 0
+           truncate -> w = min(w, cap)
+    loss_t = w * pg  on tokens with loss_mask = 1, else 0
+
+With the decoupled loss off the caller passes ``prox_logp = behav_logp``, so ``w = 1`` and this is
+standard PPO with ratio ``exp(logp - behav_logp)``. The log ratio is clamped to [-20, 20] before exp
+(float32 overflows past ~88); tokens that far off-policy are clipped by any sane eps anyway.
+
+Aggregation over a micro-batch (``normalizer`` lets the caller divide by a count over the whole
+minibatch, all micro-batches and ranks, so gradient accumulation reproduces the full-batch loss):
+
+    token-mean:  sum_{i,t} m_it * l_it / N_tokens
+    seq-mean:    sum_i ( sum_t m_it * l_it / sum_t m_it ) / N_seqs
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+LossAgg = Literal["token-mean", "seq-mean"]
+CapMode = Literal["mask", "truncate"]
+_LOG_RATIO_CLAMP = 20.0
+
+
+@dataclass
+class PPOLossOutput:
+    """Per-token loss plus the detached tensors the trainer turns into metrics. All [B, T]."""
+
+    token_loss: torch.Tensor  # [B, T] w * pg on kept loss tokens, 0 elsewhere; carries the gradient
+    ratio: torch.Tensor  # [B, T] exp(logp - prox_logp), detached
+    behav_weight: torch.Tensor  # [B, T] exp(prox_logp - behav_logp) before the cap, detached
+    clipped: torch.Tensor  # [B, T] bool: the clipped surrogate s2 was the active (larger) one
+    dual_clipped: torch.Tensor  # [B, T] bool: the dual clip bound the loss (A < 0)
+    cap_masked: torch.Tensor  # [B, T] bool: loss tokens dropped because w > cap (mode "mask")
+    approx_kl: torch.Tensor  # [B, T] k3 estimate of KL(prox || current): (r - 1) - log r, detached
+
+
+def ppo_actor_loss(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    eps_clip: float = 0.2,
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    behav_imp_weight_cap: float | None = None,
+    behav_imp_weight_mode: CapMode = "mask",
+) -> PPOLossOutput:
+    """Decoupled PPO token loss; formulas in the module docstring.
+
+    logp: [B, T] (requires grad); prox_logp, behav_logp, advantages: [B, T]; loss_mask: [B, T] in {0, 1}.
+    """
+    if c_clip is not None and c_clip <= 1:
+        raise ValueError(f"c_clip must be > 1, got {c_clip}")
+    if behav_imp_weight_mode not in ("mask", "truncate"):
+        raise ValueError(f"unknown behav_imp_weight_mode {behav_imp_weight_mode!r}; use 'mask' or 'truncate'")
+    mask = loss_mask.bool()  # [B, T]
+    eps_high = eps_clip if eps_clip_higher is None else eps_clip_higher
+    prox_logp = prox_logp.detach()
+    behav_logp = behav_logp.detach()
+    adv = advantages.detach()
+
+    log_ratio = (logp - prox_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)  # [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]
+    s1 = -adv * ratio  # [B, T]
+    s2 = -adv * ratio.clamp(1.0 - eps_clip, 1.0 + eps_high)  # [B, T]
+    pg = torch.maximum(s1, s2)  # [B, T]
+    clipped = (s2 > s1) & mask
+    dual_clipped = torch.zeros_like(mask)
+    if c_clip is not None:
+        bound = -c_clip * adv  # [B, T] positive where adv < 0
+        neg = adv < 0
+        dual_clipped = neg & (pg > bound) & mask
+        pg = torch.where(neg, torch.minimum(pg, bound), pg)
+
+    behav_weight = torch.exp((prox_logp - behav_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))  # [B, T]
+    weight = behav_weight
+    keep = mask
+    cap_masked = torch.zeros_like(mask)
+    if behav_imp_weight_cap is not None:
+        if behav_imp_weight_mode == "mask":
+            cap_masked = (behav_weight > behav_imp_weight_cap) & mask
+            keep = mask & ~cap_masked
+        else:
+            weight = behav_weight.clamp(max=behav_imp_weight_cap)
+
+    token_loss = torch.where(keep, weight * pg, torch.zeros_like(pg))  # [B, T]
+    with torch.no_grad():
+        r = ratio.detach()
+        approx_kl = torch.where(mask, (r - 1.0) - log_ratio.detach(), torch.zeros_like(r))
+    return PPOLossOutput(
+        token_loss=token_loss,
+        ratio=ratio.detach(),
+        behav_weight=behav_weight,
+        clipped=clipped,
+        dual_clipped=dual_clipped,
+        cap_masked=cap_masked,
+        approx_kl=approx_kl,
+    )
+
+
+def aggregate(
+    values: torch.Tensor,
+    loss_mask: torch.Tensor,
+    mode: LossAgg = "token-mean",
+    *,
+    normalizer: float | None = None,
+) -> torch.Tensor:
+    """Reduce per-token ``values`` [B, T] to a scalar (formulas in the module docstring).
+
+    ``normalizer`` replaces N_tokens (token-mean) or N_seqs (seq-mean); by default they are counted in
+    this batch (sequences without loss tokens do not count).
+    """
+    m = loss_mask.to(values.dtype)  # [B, T]
+    if mode == "token-mean":
+        denom = normalizer if normalizer is not None else m.sum().clamp_min(1.0)
+        return (values * m).sum() / denom
+    if mode == "seq-mean":
+        n_tok = m.sum(-1)  # [B]
+        per_seq = (values * m).sum(-1) / n_tok.clamp_min(1.0)  # [B]
+        denom = normalizer if normalizer is not None else (n_tok > 0).sum().clamp_min(1).to(values.dtype)
+        return per_seq.sum() / denom
+    raise ValueError(f"unknown loss_agg {mode!r}; use 'token-mean' or 'seq-mean'")
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``sum(values * mask) / max(1, sum(mask))``; any shape."""
+    m = mask.to(values.dtype)
+    return (values * m).sum() / m.sum().clamp_min(1.0)

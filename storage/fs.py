@@ -1,0 +1,470 @@
+"""`Storage`: one trial's corner of a filesystem (local dir or S3), with atomic and exclusive puts.
+
+What this is: an fsspec filesystem plus the trial prefix `{root}/{experiment}/{trial}/`. Every key is
+relative to that prefix (`storage.keys` builds them). Two backends, chosen by the root URL:
+
+- posix (bare path or `file://`): a put writes a temp file beside the key and `os.replace`s it; an
+  exclusive put `os.link`s the temp file to the key, which fails if the key exists. `fsync=True` in the
+  options also fsyncs the file and its directory (durability across power loss; off by default).
+- S3 (`s3://bucket/prefix`): a put is one PutObject (objects appear atomically); an exclusive put adds
+  `IfNoneMatch: "*"`. `fs.mv` is copy + delete on S3, so nothing here relies on renames.
+
+What this is NOT: a cache, a retry layer (s3fs retries requests) or a place for the key layout.
+
+Credentials (options `key`, `secret`, `token` or the `AWS_*` variables, and any user:password in the
+endpoint URL) never appear in `repr`, `str`, log lines or exception messages raised from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import fsspec
+
+from storage.errors import CommitConflictError, StorageError
+from storage.keys import check_name
+from storage.transfer import (
+    DEFAULT_CONCURRENCY,
+    FileDigest,
+    copy_hashed,
+    download_hashed,
+    fsync_dir,
+    upload_hashed,
+)
+
+logger = logging.getLogger(__name__)
+
+TMP_MARKER = ".rollflow-tmp-"
+_OPTION_KEYS = frozenset({"endpoint_url", "key", "secret", "token", "region", "fsync", "max_concurrency"})
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _redact_url(url: str) -> str:
+    """Drop `user:password@` from a URL."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+def _scrubbing(method: _F) -> _F:
+    """Re-raise any exception whose text (or chained text) holds a secret as a scrubbed copy."""
+
+    @functools.wraps(method)
+    def wrapper(self: Storage, *args: Any, **kwargs: Any) -> Any:
+        clean: BaseException | None = None
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:
+            clean = self._scrub_exception(e)
+            if clean is None:
+                raise
+        raise clean  # outside the except block: the original (secret-bearing) context is not chained
+
+    return wrapper  # type: ignore[return-value]
+
+
+class Storage:
+    """fsspec filesystem + the trial prefix {root}/{experiment}/{trial}/; all keys are relative to it.
+
+    Build with `Storage.open(root, experiment, trial, options)`. Thread-safe for concurrent calls.
+    """
+
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        base: str,
+        root_uri: str,
+        *,
+        is_local: bool,
+        secrets: tuple[str, ...] = (),
+        fsync: bool = False,
+        max_concurrency: int = DEFAULT_CONCURRENCY,
+        endpoint: str | None = None,
+    ) -> None:
+        self.fs = fs
+        self.base = base.rstrip("/")  # filesystem path of the trial root (no scheme)
+        self.root_uri = root_uri  # trial root URI without credentials
+        self.is_local = is_local
+        self.fsync = fsync
+        self.max_concurrency = max_concurrency
+        self._endpoint = endpoint
+        self._secrets = tuple(s for s in secrets if s and len(s) >= 3)
+
+    # --- construction -------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, root: str, experiment: str, trial: str, options: Mapping[str, Any] | None = None
+    ) -> Storage:
+        """Open `{root}/{experiment}/{trial}/`.
+
+        root: a bare path, `file://...` or `s3://bucket/prefix`. options (all optional): `endpoint_url`,
+        `key`, `secret`, `token`, `region` for S3 (else `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`,
+        `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION` /
+        `AWS_DEFAULT_REGION`); `fsync` (posix durability, default False); `max_concurrency` (parallel
+        parts / files per transfer, default 4).
+        """
+        check_name(experiment, "experiment")
+        check_name(trial, "trial")
+        opts = dict(options or {})
+        unknown = sorted(set(opts) - _OPTION_KEYS)
+        if unknown:
+            raise StorageError(f"unknown storage option(s) {unknown}; allowed: {sorted(_OPTION_KEYS)}")
+        fsync = bool(opts.pop("fsync", False))
+        max_conc = int(opts.pop("max_concurrency", DEFAULT_CONCURRENCY))
+        if max_conc < 1:
+            raise StorageError("storage option max_concurrency must be >= 1")
+        scheme = urlsplit(root).scheme if "://" in root else ""
+        if scheme in ("", "file"):
+            if any(opts.get(k) for k in ("endpoint_url", "key", "secret", "token")):
+                raise StorageError("S3 options (endpoint_url/key/secret/token) given for a local root")
+            path = Path(root[len("file://") :] if scheme == "file" else root).expanduser().resolve()
+            base = path / experiment / trial
+            fs = fsspec.filesystem("file")
+            return cls(fs, str(base), str(base), is_local=True, fsync=fsync, max_concurrency=max_conc)
+        if scheme not in ("s3", "s3a"):
+            raise StorageError(f"unsupported storage scheme {scheme!r}: use a path, file:// or s3://")
+        parts = urlsplit(root)
+        if "@" in parts.netloc:
+            raise StorageError("credentials in the storage URL are not supported; pass key/secret in options")
+        bucket = parts.netloc
+        if not bucket:
+            raise StorageError("an s3:// root needs a bucket: s3://bucket/prefix")
+        prefix = parts.path.strip("/")
+        env = os.environ
+        endpoint = opts.get("endpoint_url") or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+        key = opts.get("key") or env.get("AWS_ACCESS_KEY_ID")
+        secret = opts.get("secret") or env.get("AWS_SECRET_ACCESS_KEY")
+        token = opts.get("token") or env.get("AWS_SESSION_TOKEN")
+        region = opts.get("region") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+        import s3fs  # imported lazily: local-only users need no botocore
+
+        client_kwargs: dict[str, Any] = {}
+        if region:
+            client_kwargs["region_name"] = region
+        fs = s3fs.S3FileSystem(
+            key=key,
+            secret=secret,
+            token=token,
+            endpoint_url=endpoint,
+            client_kwargs=client_kwargs,
+            use_listings_cache=False,
+            skip_instance_cache=True,
+            max_concurrency=max_conc,
+        )
+        base = "/".join(p for p in (bucket, prefix, experiment, trial) if p)
+        secrets: list[str] = [s for s in (key, secret, token) if s]
+        if endpoint:
+            ep = urlsplit(endpoint)
+            secrets += [s for s in (ep.username, ep.password) if s]
+        return cls(
+            fs,
+            base,
+            f"s3://{base}",
+            is_local=False,
+            secrets=tuple(secrets),
+            max_concurrency=max_conc,
+            endpoint=_redact_url(endpoint) if endpoint else None,
+        )
+
+    def __repr__(self) -> str:
+        ep = f", endpoint={self._endpoint!r}" if self._endpoint else ""
+        return f"Storage({self.root_uri!r}{ep})"
+
+    __str__ = __repr__
+
+    # --- paths --------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_key(key: str, *, allow_empty: bool = False) -> str:
+        key = key.strip("/")
+        if not key and allow_empty:
+            return key
+        parts = key.split("/")
+        if not key or any(p in ("", ".", "..") for p in parts) or "\\" in key:
+            raise StorageError(f"invalid storage key {key!r}: relative, '/'-separated, no '.' or '..' parts")
+        return key
+
+    def _path(self, key: str, *, allow_empty: bool = False) -> str:
+        key = self._check_key(key, allow_empty=allow_empty)
+        return f"{self.base}/{key}" if key else self.base
+
+    def uri(self, key: str) -> str:
+        """Full location of `key`: an absolute path (posix) or `s3://bucket/...`; never credentials."""
+        key = self._check_key(key, allow_empty=True)
+        return f"{self.root_uri}/{key}" if key else self.root_uri
+
+    def local_path(self, key: str) -> Path | None:
+        """The posix path of `key` on a local backend, None on S3."""
+        return Path(self._path(key, allow_empty=True)) if self.is_local else None
+
+    def _rel(self, full: str) -> str:
+        return full[len(self.base) + 1 :] if full.startswith(self.base + "/") else full
+
+    def _bucket_key(self, key: str) -> tuple[str, str]:
+        bucket, _, rest = self._path(key).partition("/")
+        return bucket, rest
+
+    # --- secrets ------------------------------------------------------------------------------------------
+
+    def _scrub(self, text: str) -> str:
+        for s in self._secrets:
+            text = text.replace(s, "***")
+        return text
+
+    def _scrub_exception(self, e: BaseException) -> BaseException | None:
+        """A copy of `e` with secrets removed, or None if no text in the chain holds one."""
+        if not self._secrets:
+            return None
+        texts: list[str] = []
+        cur: BaseException | None = e
+        while cur is not None and len(texts) < 20:
+            texts += [str(cur), repr(cur)]
+            cur = cur.__cause__ or cur.__context__
+        if not any(s in t for s in self._secrets for t in texts):
+            return None
+        msg = self._scrub(str(e))
+        try:
+            clean = type(e)(msg)
+        except Exception:
+            clean = StorageError(msg)
+        return clean
+
+    # --- single objects -----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _local_tmp(self, path: str) -> Iterator[str]:
+        """A temp path beside `path` (same directory, so the rename is atomic), removed on the way out."""
+        directory, name = os.path.split(path)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
+        try:
+            yield tmp
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def _publish_tmp(self, tmp: str, path: str, key: str, exclusive: bool) -> None:
+        if not exclusive:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise CommitConflictError(f"key already exists: {key}") from None
+            except OSError as e:  # filesystems without hard links: O_EXCL create + copy (not atomic)
+                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                    raise
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    raise CommitConflictError(f"key already exists: {key}") from None
+                with os.fdopen(fd, "wb") as out, open(tmp, "rb") as src:
+                    shutil.copyfileobj(src, out)
+        if self.fsync:
+            fsync_dir(os.path.dirname(path))
+
+    @_scrubbing
+    def put_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
+        """Atomically store `data` at `key`. exclusive=True: CommitConflictError if `key` exists."""
+        path = self._path(key)
+        if self.is_local:
+            with self._local_tmp(path) as tmp:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    if self.fsync:
+                        f.flush()
+                        os.fsync(f.fileno())
+                self._publish_tmp(tmp, path, key, exclusive)
+            return
+        if not exclusive:
+            self.fs.pipe_file(path, data)
+            return
+        try:
+            self.fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            raise CommitConflictError(f"key already exists: {key}") from None
+        except OSError as e:
+            text = str(e)
+            if "PreconditionFailed" in text or "pre-condition" in text or "ConditionalRequestConflict" in text:
+                raise CommitConflictError(f"key already exists: {key}") from None
+            raise
+
+    @_scrubbing
+    def get_bytes(self, key: str) -> bytes:
+        """The bytes at `key`; FileNotFoundError if absent."""
+        path = self._path(key)
+        if self.is_local:
+            with open(path, "rb") as f:
+                return f.read()
+        return self.fs.cat_file(path)
+
+    def put_json(self, key: str, obj: Any, *, exclusive: bool = False) -> None:
+        """`put_bytes` of `json.dumps(obj, sort_keys=True)` (UTF-8)."""
+        self.put_bytes(key, json.dumps(obj, sort_keys=True, indent=1).encode(), exclusive=exclusive)
+
+    def get_json(self, key: str) -> Any:
+        """`json.loads(get_bytes(key))`; FileNotFoundError if absent, ValueError if not JSON."""
+        return json.loads(self.get_bytes(key))
+
+    @_scrubbing
+    def exists(self, key: str) -> bool:
+        """True if `key` is an object (or a non-empty prefix)."""
+        path = self._path(key)
+        if self.is_local:
+            return os.path.exists(path)
+        return bool(self.fs.exists(path))
+
+    @_scrubbing
+    def size(self, key: str) -> int:
+        """Size in bytes of the object at `key`; FileNotFoundError if absent."""
+        path = self._path(key)
+        if self.is_local:
+            return os.stat(path).st_size
+        return int(self.fs.info(path)["size"])
+
+    # --- listing ------------------------------------------------------------------------------------------
+
+    @_scrubbing
+    def list(self, prefix: str) -> list[str]:
+        """Keys under `prefix` (as a directory), recursive, sorted; [] if there are none."""
+        path = self._path(prefix, allow_empty=True)
+        if self.is_local:
+            out: list[str] = []
+            for dirpath, dirnames, filenames in os.walk(path):
+                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+                rel_dir = self._rel(dirpath) if dirpath != self.base else ""
+                for n in filenames:
+                    if TMP_MARKER in n:
+                        continue
+                    out.append(f"{rel_dir}/{n}" if rel_dir else n)
+            return sorted(out)
+        try:
+            found = self.fs.find(path)
+        except FileNotFoundError:
+            return []
+        return sorted(self._rel(p) for p in found if p.startswith(path + "/"))
+
+    @_scrubbing
+    def list_dirs(self, prefix: str) -> list[str]:
+        """Immediate child 'directories' of `prefix` as keys, sorted; [] if there are none."""
+        path = self._path(prefix, allow_empty=True)
+        if self.is_local:
+            try:
+                with os.scandir(path) as it:
+                    names = [e.name for e in it if e.is_dir() and not e.name.startswith(".")]
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            return sorted(self._rel(f"{path}/{n}") for n in names)
+        try:
+            entries = self.fs.ls(path, detail=True, refresh=True)
+        except FileNotFoundError:
+            return []
+        return sorted(self._rel(e["name"].rstrip("/")) for e in entries if e["type"] == "directory")
+
+    # --- deletion -----------------------------------------------------------------------------------------
+
+    @_scrubbing
+    def delete(self, key: str, *, recursive: bool = False) -> None:
+        """Delete `key` (and everything under it if recursive). Absent keys are fine (idempotent)."""
+        path = self._path(key)
+        if self.is_local:
+            if os.path.isdir(path) and not os.path.islink(path):
+                if not recursive:
+                    raise IsADirectoryError(f"{key} is a directory; pass recursive=True")
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            return
+        if recursive:
+            keys = self.fs.find(path)
+            if keys:
+                self.fs.rm(keys)
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
+
+    # --- files --------------------------------------------------------------------------------------------
+
+    @_scrubbing
+    def put_file(self, local_path: str | Path, key: str) -> FileDigest:
+        """Atomically upload a local file to `key`, returning its size and sha256 (hashed on the way)."""
+        path = self._path(key)
+        if self.is_local:
+            with self._local_tmp(path) as tmp:
+                with open(local_path, "rb", buffering=0) as src, open(tmp, "wb", buffering=0) as dst:
+                    digest = copy_hashed(src, dst)
+                    if self.fsync:
+                        os.fsync(dst.fileno())
+                self._publish_tmp(tmp, path, key, exclusive=False)
+            return digest
+        bucket, obj = self._bucket_key(key)
+        return upload_hashed(self.fs, local_path, bucket, obj, concurrency=self.max_concurrency)
+
+    @_scrubbing
+    def get_file(self, key: str, local_path: str | Path, *, size: int | None = None) -> FileDigest:
+        """Download `key` to `local_path` (temp + rename), returning size and sha256 (hashed on the way).
+
+        `size`, if known, saves a HEAD request on S3. FileNotFoundError if `key` is absent.
+        """
+        path = self._path(key)
+        local_path = str(local_path)
+        directory, name = os.path.split(os.path.abspath(local_path))
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
+        try:
+            with open(tmp, "wb", buffering=0) as dst:
+                if self.is_local:
+                    with open(path, "rb", buffering=0) as src:
+                        digest = copy_hashed(src, dst)
+                else:
+                    digest = download_hashed(self.fs, path, dst, size=size, concurrency=self.max_concurrency)
+            os.replace(tmp, local_path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return digest
+
+    # --- S3 helpers ---------------------------------------------------------------------------------------
+
+    @_scrubbing
+    def ensure_bucket(self) -> None:
+        """Create the S3 bucket if it does not exist (tests, local S3 servers). No-op on posix."""
+        if self.is_local:
+            return
+        bucket = self.base.split("/", 1)[0]
+        try:
+            self.fs.call_s3("head_bucket", Bucket=bucket)
+            return
+        except (FileNotFoundError, PermissionError, OSError):
+            pass
+        region = (self.fs.client_kwargs or {}).get("region_name")
+        kwargs: dict[str, Any] = {"Bucket": bucket}
+        if region and region != "us-east-1":  # us-east-1 rejects an explicit LocationConstraint
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            self.fs.call_s3("create_bucket", **kwargs)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            if "BucketAlreadyOwnedByYou" not in str(e) and "BucketAlreadyExists" not in str(e):
+                raise
+        logger.info("created bucket %s", bucket)

@@ -1,0 +1,213 @@
+"""Streaming file transfers that compute size + sha256 on the way, so no file is read twice.
+
+What this is: the byte-moving primitives under `Storage.put_file` / `Storage.get_file`:
+
+- local -> local: chunks read and hashed by one thread while the main thread writes them;
+- local -> S3: chunks read and hashed while earlier chunks upload as multipart parts, `concurrency` at a time;
+- S3 -> local: ranged GETs `concurrency` at a time while the main thread hashes and writes them in order.
+
+What it is NOT: a general sync tool or a retry layer (s3fs retries each request). Callers make the
+destination atomic (temp file + rename, or the S3 object appearing at CompleteMultipartUpload).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+CHUNK_SIZE = 16 * 2**20  # 16 MiB: above S3's 5 MiB minimum part size, small enough to pipeline
+DEFAULT_CONCURRENCY = 4
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """Size in bytes and hex sha256 of a transferred file."""
+
+    size: int
+    sha256: str
+
+
+def hash_file(path: str | Path, chunk_size: int = CHUNK_SIZE) -> FileDigest:
+    """Size and sha256 of a local file, read once in chunks."""
+    h = hashlib.sha256()
+    size = 0
+    buf = bytearray(chunk_size)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+            size += n
+    return FileDigest(size, h.hexdigest())
+
+
+def copy_hashed(src: BinaryIO, dst: BinaryIO, chunk_size: int = CHUNK_SIZE) -> FileDigest:
+    """Copy `src` to `dst`; a reader thread reads and hashes chunk i+1 while this thread writes chunk i."""
+    q: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=3)
+    h = hashlib.sha256()
+    size = 0
+    stop = threading.Event()
+
+    def reader() -> None:
+        nonlocal size
+        try:
+            while not stop.is_set():
+                b = src.read(chunk_size)
+                if not b:
+                    break
+                h.update(b)  # hashlib releases the GIL on large buffers
+                size += len(b)
+                q.put(b)
+            q.put(None)
+        except BaseException as e:  # handed to the writer thread, re-raised there
+            q.put(e)
+
+    t = threading.Thread(target=reader, name="copy-hashed-reader", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            dst.write(item)
+    finally:
+        stop.set()
+        while t.is_alive():  # unblock a reader waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                t.join(timeout=0.01)
+    return FileDigest(size, h.hexdigest())
+
+
+def upload_hashed(
+    fs: Any,
+    local_path: str | Path,
+    bucket: str,
+    key: str,
+    *,
+    chunk_size: int = CHUNK_SIZE,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> FileDigest:
+    """Upload a local file to s3://bucket/key (s3fs `fs`), hashing each chunk as it is read.
+
+    A file of at most one chunk is one PutObject; a larger one is a multipart upload with up to
+    `concurrency` parts in flight, aborted on any error. Either way the object appears atomically.
+    """
+    h = hashlib.sha256()
+    size = 0
+    with open(local_path, "rb", buffering=0) as f:
+        first = f.read(chunk_size)
+        h.update(first)
+        size += len(first)
+        second = f.read(chunk_size) if len(first) == chunk_size else b""
+        if not second:
+            fs.call_s3("put_object", Bucket=bucket, Key=key, Body=first)
+            return FileDigest(size, h.hexdigest())
+        upload_id = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
+        try:
+            parts: list[dict[str, Any]] = []
+            inflight: deque[tuple[int, Future[Any]]] = deque()
+            with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="s3-upload") as pool:
+
+                def submit(num: int, body: bytes) -> None:
+                    fut = pool.submit(
+                        fs.call_s3,
+                        "upload_part",
+                        Bucket=bucket,
+                        Key=key,
+                        UploadId=upload_id,
+                        PartNumber=num,
+                        Body=body,
+                    )
+                    inflight.append((num, fut))
+
+                def drain(limit: int) -> None:
+                    while len(inflight) > limit:
+                        num, fut = inflight.popleft()
+                        parts.append({"PartNumber": num, "ETag": fut.result()["ETag"]})
+
+                submit(1, first)
+                chunk, num = second, 2
+                while chunk:
+                    h.update(chunk)
+                    size += len(chunk)
+                    drain(concurrency - 1)
+                    submit(num, chunk)
+                    num += 1
+                    chunk = f.read(chunk_size)
+                drain(0)
+            fs.call_s3(
+                "complete_multipart_upload",
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+        except BaseException:
+            try:
+                fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+            except Exception:  # the original error matters more
+                pass
+            raise
+    return FileDigest(size, h.hexdigest())
+
+
+def download_hashed(
+    fs: Any,
+    path: str,
+    dst: BinaryIO,
+    *,
+    size: int | None = None,
+    chunk_size: int = CHUNK_SIZE,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> FileDigest:
+    """Download s3 `path` into the open file `dst`, hashing in order while later ranges download."""
+    if size is None:
+        size = int(fs.info(path)["size"])
+    h = hashlib.sha256()
+    if size <= chunk_size:
+        data = fs.cat_file(path)
+        h.update(data)
+        dst.write(data)
+        return FileDigest(len(data), h.hexdigest())
+    ranges = [(s, min(s + chunk_size, size)) for s in range(0, size, chunk_size)]
+    got = 0
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="s3-download") as pool:
+        inflight: deque[Future[bytes]] = deque()
+        it = iter(ranges)
+        for s, e in it:
+            inflight.append(pool.submit(fs.cat_file, path, start=s, end=e))
+            if len(inflight) >= concurrency:
+                break
+        while inflight:
+            data = inflight.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                inflight.append(pool.submit(fs.cat_file, path, start=nxt[0], end=nxt[1]))
+            h.update(data)
+            dst.write(data)
+            got += len(data)
+    return FileDigest(got, h.hexdigest())
+
+
+def fsync_dir(path: str | Path) -> None:
+    """fsync a directory so a rename inside it survives power loss (best effort)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

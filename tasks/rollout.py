@@ -1,0 +1,75 @@
+"""Task: the rollout loop (long-lived): client + checkpoint watcher + executor + shard writer.
+
+It runs until the trainer's done marker appears, ``stop_event`` is set, or a rollout limit is hit, and
+returns the loop's summary (accepted/rejected groups, shards written, weight updates seen).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from rollflow.api.config import ExperimentConfig
+from rollflow.api.metrics import MetricsSink
+from tasks.tracking import PrefixSink
+
+
+@task(name="rollout-loop", cache_policy=NO_CACHE, persist_result=False)
+def rollout_loop(
+    cfg: ExperimentConfig,
+    addresses: list[str],
+    *,
+    metrics: MetricsSink | None = None,
+    stop_event: threading.Event | None = None,
+    writer_name: str | None = None,
+) -> dict[str, Any]:
+    from rollflow.rollout.client import SGLangClient
+    from rollflow.rollout.loop import run_rollout_loop
+    from rollflow.rollout.watcher import CheckpointWatcher
+    from storage.checkpoints import CheckpointStore
+    from storage.fs import Storage
+
+    logger = get_run_logger()
+    stop_event = stop_event or threading.Event()
+    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    sink = PrefixSink(metrics, "rollout/")
+    client = SGLangClient.from_config(cfg.inference, addresses, metrics=sink)
+    watcher = CheckpointWatcher(
+        CheckpointStore(storage),
+        addresses,
+        cache_dir=Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial,
+        poll_interval_s=cfg.inference.poll_interval_s,
+        api_key=cfg.inference.api_key,
+        on_update=client.set_version,
+        metrics=sink,
+    )
+    watcher.start()
+    name = writer_name or f"rollout-{socket.gethostname()}"
+    try:
+        summary = asyncio.run(
+            run_rollout_loop(
+                cfg,
+                storage,
+                client,
+                version_fn=client.get_version,
+                stop_event=stop_event,
+                metrics=sink,
+                writer_name=name,
+            )
+        )
+    except BaseException:
+        stop_event.set()
+        raise
+    finally:
+        watcher.stop()
+    logger.info("rollout finished: %s", summary)
+    out = dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)
+    out["weight_updates"] = len(getattr(watcher, "events", []))
+    return out

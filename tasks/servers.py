@@ -1,0 +1,49 @@
+"""Task: start the inference servers the config asks for, and stop them.
+
+local: rollflow's CPU servers (infra/cpu_server) as child processes on 127.0.0.1;
+sglang: SGLang servers through infra/sglang_launcher; external: servers someone else runs.
+Child servers are tied to this process (they die with it), so a cancelled flow run leaves no orphans.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from rollflow.api.config import ExperimentConfig
+
+
+class ExternalServers:
+    """Servers this flow does not own: nothing to stop."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        self.addresses = list(addresses)
+
+    def stop(self) -> None:
+        return None
+
+
+@task(name="start-servers", cache_policy=NO_CACHE, persist_result=False)
+def start_servers(cfg: ExperimentConfig, model_path: str) -> Any:
+    """Return a handle with ``.addresses`` and ``.stop()``."""
+    logger = get_run_logger()
+    inf = cfg.inference
+    if inf.backend == "external":
+        handle: Any = ExternalServers(inf.addresses)
+    elif inf.backend == "sglang":
+        from infra.sglang_launcher import launch_sglang_servers
+
+        handle = launch_sglang_servers(cfg.inference, model_path)
+    else:
+        from infra.servers import launch_local_servers
+
+        handle = launch_local_servers(cfg.inference, model_path)
+    logger.info("inference servers (%s): %s", inf.backend, ", ".join(handle.addresses))
+    return handle
+
+
+@task(name="stop-servers", cache_policy=NO_CACHE, persist_result=False)
+def stop_servers(handle: Any) -> None:
+    handle.stop()

@@ -1,0 +1,60 @@
+"""Task: the train loop (long-lived). Builds storage + Trainer from config and runs it to the end.
+
+For the synchronous baseline (rollout.pause_during_training) it pauses the inference servers while a
+step runs, through the SGLang control routes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from rollflow.api.config import ExperimentConfig
+from rollflow.api.metrics import MetricsSink
+from tasks.tracking import PrefixSink, ProgressSink
+
+
+class PauseServersHooks:
+    """TrainerHooks that pause generation during each optimizer step (the synchronous baseline)."""
+
+    def __init__(self, addresses: list[str], api_key: str | None) -> None:
+        from infra.control import ServerControl
+
+        self._control = ServerControl(addresses, api_key=api_key)
+
+    def before_step(self, version: int) -> None:
+        self._control.pause()
+
+    def after_step(self, version: int) -> None:
+        self._control.resume()
+
+
+@task(name="train-loop", cache_policy=NO_CACHE, persist_result=False)
+def train_loop(
+    cfg: ExperimentConfig,
+    *,
+    metrics: MetricsSink | None = None,
+    stop_event: threading.Event | None = None,
+    pause_addresses: list[str] | None = None,
+) -> dict[str, Any]:
+    from rollflow.training.trainer import Trainer
+    from storage.fs import Storage
+
+    logger = get_run_logger()
+    stop_event = stop_event or threading.Event()
+    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    hooks = None
+    if cfg.rollout.pause_during_training and pause_addresses:
+        hooks = PauseServersHooks(pause_addresses, cfg.inference.api_key)
+    sink = ProgressSink(PrefixSink(metrics, "train/"), cfg.train.steps)
+    trainer = Trainer(cfg, storage, metrics=sink, stop_event=stop_event, hooks=hooks)
+    try:
+        summary = trainer.run()
+    finally:
+        stop_event.set()  # whatever happened, the other loops must not wait for more versions
+    logger.info("training finished: %s", summary)
+    return dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)

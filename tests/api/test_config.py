@@ -1,0 +1,103 @@
+"""Config loading: YAML + dotted overrides, strict errors naming the key, redaction, generated docs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollflow.api.config import ExperimentConfig
+from rollflow.api.config_loader import flat_params, load_config, render_docs, to_yaml
+from rollflow.api.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_tiny_cpu_yaml_loads_with_overrides() -> None:
+    cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", ["train.lr=1e-5", "rollout.max_staleness=0"])
+    assert isinstance(cfg, ExperimentConfig)
+    assert cfg.train.lr == pytest.approx(1e-5)  # '1e-5' is a string in YAML 1.1; coerced for float fields
+    assert cfg.rollout.max_staleness == 0
+    assert cfg.model.bootstrap_tiny is True
+
+
+def test_every_shipped_config_loads() -> None:
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "fragment"),
+    [
+        ("rollout.max_stalenes=1", "rollout.max_stalenes", "did you mean 'rollout.max_staleness'"),
+        ("rollout.max_staleness=-1", "rollout.max_staleness", "must be >= 0"),
+        ("train.batch_size=abc", "train.batch_size", "expected an integer"),
+        ("train.batch_size=2.5", "train.batch_size", "expected an integer"),
+        ("train.lr=fast", "train.lr", "expected a number"),
+        ("inference.backend=vllm", "inference.backend", "must be one of"),
+        ("train=3", "train", "expected a mapping"),
+        ("train.c_clip=0.5", "train.c_clip", "must be > 1"),
+        ("model.bootstrap_tiny=maybe", "model.bootstrap_tiny", "expected true/false"),
+        ("train.batch_size=5000", "train.batch_size", "exceeds the dataset"),
+        ("inference.backend=external", "inference.addresses", "must list host:port"),
+        ("nonsense=1", "nonsense", "unknown key"),
+    ],
+)
+def test_bad_values_name_the_key_and_fix(override: str, key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "configs" / "tiny_cpu.yaml", [override])
+    assert err.value.key == key
+    assert fragment in str(err.value)
+
+
+def test_bounded_run_larger_than_dataset_is_rejected() -> None:
+    # 100 prompts x 1 epoch = 100 groups < 16 groups x 10 steps = 160 needed.
+    with pytest.raises(ConfigError, match="train.steps") as err:
+        load_config(
+            overrides=[
+                "dataset.synthetic.n_train=100",
+                "rollout.max_epochs=1",
+                "train.batch_size=16",
+                "train.steps=10",
+            ]
+        )
+    assert "rollout.max_epochs" in str(err.value)
+
+
+def test_sync_baseline_requires_zero_staleness() -> None:
+    with pytest.raises(ConfigError, match="rollout.max_staleness"):
+        load_config(overrides=["rollout.pause_during_training=true", "rollout.max_staleness=2"])
+    cfg = load_config(overrides=["rollout.pause_during_training=true", "rollout.max_staleness=0"])
+    assert cfg.rollout.pause_during_training
+
+
+def test_malformed_override_and_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(overrides=["train.lr"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(bad)
+
+
+def test_secrets_are_redacted_from_params_and_yaml() -> None:
+    cfg = load_config(
+        overrides=[
+            "storage.options={key: AKIAEXAMPLE, secret: s3cr3t, endpoint_url: http://127.0.0.1:9000}",
+            "inference.api_key=topsecret",
+        ]
+    )
+    params = flat_params(cfg)
+    dumped = to_yaml(cfg)
+    for secret in ("AKIAEXAMPLE", "s3cr3t", "topsecret"):
+        assert secret not in str(params)
+        assert secret not in dumped
+    assert params["storage.options.endpoint_url"] == "http://127.0.0.1:9000"
+    assert params["train.lr"] == str(cfg.train.lr)
+
+
+def test_configuration_doc_is_up_to_date() -> None:
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    assert doc == render_docs(), "docs/configuration.md is stale: run `make docs`"
