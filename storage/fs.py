@@ -35,6 +35,7 @@ import fsspec
 from storage.errors import CommitConflictError, StorageError
 from storage.keys import check_name
 from storage.transfer import (
+    CHUNK_SIZE,
     DEFAULT_CONCURRENCY,
     FileDigest,
     copy_hashed,
@@ -61,12 +62,61 @@ def _redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
+class _SecretFilter(logging.Filter):
+    """Rewrites log records of the S3 client stack so no registered secret appears in them.
+
+    botocore logs request headers at DEBUG, and the Authorization header names the access key id.
+    """
+
+    secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.secrets:
+            return True
+        try:
+            msg = record.getMessage()
+        except Exception:
+            return True
+        if any(s in msg for s in self.secrets):
+            for s in self.secrets:
+                msg = msg.replace(s, "***")
+            record.msg, record.args = msg, None
+        return True
+
+
+_SECRET_FILTER = _SecretFilter()
+_FILTERED_PREFIXES = ("botocore", "aiobotocore", "s3fs", "fsspec", "urllib3", "aiohttp")
+
+
+_n_loggers_seen = 0
+
+
+def _register_secrets(secrets: tuple[str, ...] = ()) -> None:
+    """Remember `secrets`; attach the scrubbing filter to every S3-stack logger created so far.
+
+    Called again before each S3 operation, and cheap then unless new loggers appeared (lazy imports).
+    """
+    global _n_loggers_seen
+    _SecretFilter.secrets.update(secrets)
+    n = len(logging.root.manager.loggerDict)
+    if not _SecretFilter.secrets or (n == _n_loggers_seen and not secrets):
+        return
+    _n_loggers_seen = n
+    names = [k for k in list(logging.root.manager.loggerDict) if k.split(".")[0] in _FILTERED_PREFIXES]
+    for name in names + list(_FILTERED_PREFIXES):
+        lg = logging.getLogger(name)
+        if _SECRET_FILTER not in lg.filters:
+            lg.addFilter(_SECRET_FILTER)
+
+
 def _scrubbing(method: _F) -> _F:
     """Re-raise any exception whose text (or chained text) holds a secret as a scrubbed copy."""
 
     @functools.wraps(method)
     def wrapper(self: Storage, *args: Any, **kwargs: Any) -> Any:
         clean: BaseException | None = None
+        if self._secrets:
+            _register_secrets()
         try:
             return method(self, *args, **kwargs)
         except Exception as e:
@@ -102,6 +152,7 @@ class Storage:
         self.is_local = is_local
         self.fsync = fsync
         self.max_concurrency = max_concurrency
+        self.chunk_size = CHUNK_SIZE  # transfer chunk / multipart part size (S3 needs >= 5 MiB)
         self._endpoint = endpoint
         self._secrets = tuple(s for s in secrets if s and len(s) >= 3)
 
@@ -172,6 +223,8 @@ class Storage:
         if endpoint:
             ep = urlsplit(endpoint)
             secrets += [s for s in (ep.username, ep.password) if s]
+        secrets = [s for s in secrets if len(s) >= 3]
+        _register_secrets(tuple(secrets))
         return cls(
             fs,
             base,
@@ -411,13 +464,15 @@ class Storage:
         if self.is_local:
             with self._local_tmp(path) as tmp:
                 with open(local_path, "rb", buffering=0) as src, open(tmp, "wb", buffering=0) as dst:
-                    digest = copy_hashed(src, dst)
+                    digest = copy_hashed(src, dst, self.chunk_size)
                     if self.fsync:
                         os.fsync(dst.fileno())
                 self._publish_tmp(tmp, path, key, exclusive=False)
             return digest
         bucket, obj = self._bucket_key(key)
-        return upload_hashed(self.fs, local_path, bucket, obj, concurrency=self.max_concurrency)
+        return upload_hashed(
+            self.fs, local_path, bucket, obj, chunk_size=self.chunk_size, concurrency=self.max_concurrency
+        )
 
     @_scrubbing
     def get_file(self, key: str, local_path: str | Path, *, size: int | None = None) -> FileDigest:
@@ -434,9 +489,9 @@ class Storage:
             with open(tmp, "wb", buffering=0) as dst:
                 if self.is_local:
                     with open(path, "rb", buffering=0) as src:
-                        digest = copy_hashed(src, dst)
+                        digest = copy_hashed(src, dst, self.chunk_size)
                 else:
-                    digest = download_hashed(self.fs, path, dst, size=size, concurrency=self.max_concurrency)
+                    digest = download_hashed(self.fs, path, dst, size=size, chunk_size=self.chunk_size)
             os.replace(tmp, local_path)
         finally:
             with contextlib.suppress(FileNotFoundError):

@@ -4,7 +4,8 @@ What this is: the byte-moving primitives under `Storage.put_file` / `Storage.get
 
 - local -> local: chunks read and hashed by one thread while the main thread writes them;
 - local -> S3: chunks read and hashed while earlier chunks upload as multipart parts, `concurrency` at a time;
-- S3 -> local: ranged GETs `concurrency` at a time while the main thread hashes and writes them in order.
+- S3 -> local: one streamed GET; the event loop receives chunks while the calling thread hashes and
+  writes them.
 
 What it is NOT: a general sync tool or a retry layer (s3fs retries each request). Callers make the
 destination atomic (temp file + rename, or the S3 object appearing at CompleteMultipartUpload).
@@ -12,6 +13,7 @@ destination atomic (temp file + rename, or the S3 object appearing at CompleteMu
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import queue
@@ -168,34 +170,71 @@ def download_hashed(
     *,
     size: int | None = None,
     chunk_size: int = CHUNK_SIZE,
-    concurrency: int = DEFAULT_CONCURRENCY,
 ) -> FileDigest:
-    """Download s3 `path` into the open file `dst`, hashing in order while later ranges download."""
-    if size is None:
-        size = int(fs.info(path)["size"])
-    h = hashlib.sha256()
-    if size <= chunk_size:
+    """Stream s3 `path` into the open file `dst` with ONE GetObject, hashing in this thread while the
+    event loop receives the next chunks.
+
+    One streamed GET per file (parallelism comes from fetching several files at once): no ranged
+    re-requests, memory bounded by a few chunks. `size` is only a hint for tiny files.
+    """
+    if size is not None and size <= chunk_size:
         data = fs.cat_file(path)
-        h.update(data)
         dst.write(data)
-        return FileDigest(len(data), h.hexdigest())
-    ranges = [(s, min(s + chunk_size, size)) for s in range(0, size, chunk_size)]
+        return FileDigest(len(data), hashlib.sha256(data).hexdigest())
+    bucket, key, _ = fs.split_path(path)
+    q: queue.Queue[list[bytes] | BaseException | None] = queue.Queue(maxsize=4)
+    stop = threading.Event()
+
+    async def produce() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def put(item: list[bytes] | BaseException | None) -> None:
+            await loop.run_in_executor(None, q.put, item)
+
+        try:
+            resp = await fs._call_s3("get_object", Bucket=bucket, Key=key)
+            body = resp["Body"]
+            try:
+                pieces: list[bytes] = []
+                n = 0
+                while not stop.is_set():
+                    b = await body.read(2**20)
+                    if not b:
+                        break
+                    pieces.append(b)
+                    n += len(b)
+                    if n >= chunk_size:
+                        await put(pieces)
+                        pieces, n = [], 0
+                if pieces:
+                    await put(pieces)
+            finally:
+                body.close()
+            await put(None)
+        except BaseException as e:  # handed to the consuming thread
+            await put(e)
+
+    fut = asyncio.run_coroutine_threadsafe(produce(), fs.loop)
+    h = hashlib.sha256()
     got = 0
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="s3-download") as pool:
-        inflight: deque[Future[bytes]] = deque()
-        it = iter(ranges)
-        for s, e in it:
-            inflight.append(pool.submit(fs.cat_file, path, start=s, end=e))
-            if len(inflight) >= concurrency:
+    try:
+        while True:
+            item = q.get()
+            if item is None:
                 break
-        while inflight:
-            data = inflight.popleft().result()
-            nxt = next(it, None)
-            if nxt is not None:
-                inflight.append(pool.submit(fs.cat_file, path, start=nxt[0], end=nxt[1]))
-            h.update(data)
-            dst.write(data)
-            got += len(data)
+            if isinstance(item, BaseException):
+                raise item
+            for b in item:
+                h.update(b)
+                dst.write(b)
+                got += len(b)
+    finally:
+        stop.set()
+        while not fut.done():  # unblock a producer waiting on a full queue
+            try:
+                q.get(timeout=0.05)
+            except queue.Empty:
+                pass
     return FileDigest(got, h.hexdigest())
 
 

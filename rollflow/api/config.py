@@ -254,6 +254,20 @@ class RolloutConfig:
         default=None,
         metadata=_help("Stop after this many passes over the train split (None = until training ends)."),
     )
+    max_groups: int | None = field(
+        default=None,
+        metadata=_help(
+            "Stop once the trial's storage holds this many accepted groups, restored ones included "
+            "(None = no limit)."
+        ),
+    )
+    should_accept_fn: str | None = field(
+        default=None,
+        metadata=_help(
+            "Import string of fn(group) -> bool run on every finished group; False rejects it (e.g. "
+            "drop groups whose rewards are all equal, which carry no GRPO signal). None = keep all."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1 (GRPO needs >= 2 to learn)")
@@ -270,6 +284,14 @@ class RolloutConfig:
         _check(0 < self.max_failure_rate <= 1, "rollout.max_failure_rate", "must be in (0, 1]")
         if self.max_epochs is not None:
             _check(self.max_epochs >= 1, "rollout.max_epochs", "must be >= 1 or null")
+        if self.max_groups is not None:
+            _check(self.max_groups >= 1, "rollout.max_groups", "must be >= 1 or null")
+        if self.should_accept_fn is not None:
+            _check(
+                ":" in self.should_accept_fn,
+                "rollout.should_accept_fn",
+                "must look like 'pkg.module:function' or be null",
+            )
 
 
 @dataclass
@@ -284,6 +306,10 @@ class SGLangConfig:
     )
     startup_timeout_s: float = field(
         default=600.0, metadata=_help("How long to wait for /health after launch.")
+    )
+    base_gpu_id: int = field(
+        default=0,
+        metadata=_help("GPU of the first server; server i gets --base-gpu-id base_gpu_id + i * tp_size."),
     )
 
 
@@ -328,6 +354,20 @@ class InferenceConfig:
     poll_interval_s: float = field(
         default=1.0, metadata=_help("How often the checkpoint watcher polls LATEST.")
     )
+    initial_weight_version: str = field(
+        default="0",
+        metadata=_help("weight_version that launched servers report for model.path (SGLang's --weight-version)."),
+    )
+    startup_timeout_s: float = field(
+        default=120.0, metadata=_help("CPU server: how long to wait for /health after launch.")
+    )
+    shutdown_timeout_s: float = field(
+        default=15.0, metadata=_help("Launched servers get SIGTERM, then SIGKILL after this many seconds.")
+    )
+    weight_update_timeout_s: float = field(
+        default=600.0,
+        metadata=_help("Watcher: timeout of one /update_weights_from_disk call (the server loads the weights)."),
+    )
     sglang: SGLangConfig = field(default_factory=SGLangConfig, metadata=_help("SGLang launcher."))
 
     def __post_init__(self) -> None:
@@ -343,6 +383,9 @@ class InferenceConfig:
         _check(self.poll_interval_s > 0, "inference.poll_interval_s", "must be > 0")
         _check(self.max_batch_size >= 1, "inference.max_batch_size", "must be >= 1")
         _check(0 <= self.base_port < 65536, "inference.base_port", "must be a port number or 0")
+        _check(self.initial_weight_version != "", "inference.initial_weight_version", "must not be empty")
+        _check(self.startup_timeout_s > 0, "inference.startup_timeout_s", "must be > 0")
+        _check(self.shutdown_timeout_s > 0, "inference.shutdown_timeout_s", "must be > 0")
 
 
 @dataclass
@@ -362,6 +405,9 @@ class TrainConfig:
     warmup_steps: int = field(default=0, metadata=_help("Linear LR warmup steps."))
     lr_schedule: Literal["constant", "cosine"] = field(
         default="constant", metadata=_help("LR schedule after warmup.")
+    )
+    min_lr_ratio: float = field(
+        default=0.0, metadata=_help("Cosine schedule: final lr as a fraction of train.lr (0 = decay to 0).")
     )
     grad_clip: float = field(default=1.0, metadata=_help("Max global gradient norm (0 = off)."))
     dtype: Literal["float32", "bfloat16"] = field(
@@ -436,6 +482,7 @@ class TrainConfig:
             "must be <= train.batch_size",
         )
         _check(self.lr > 0, "train.lr", "must be > 0")
+        _check(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]")
         _check(self.eps_clip > 0, "train.eps_clip", "must be > 0 (0.2 is the PPO default)")
         if self.eps_clip_higher is not None:
             _check(self.eps_clip_higher > 0, "train.eps_clip_higher", "must be > 0 or null")

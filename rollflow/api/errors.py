@@ -41,6 +41,18 @@ class ServerUnavailableError(InferenceError):
     """No inference server answered (dead, unreachable or unhealthy)."""
 
 
+class InvalidRequestError(InferenceError, ValueError):
+    """A request breaks the SGLang protocol (HTTP 4xx); the message names the field and what is wrong."""
+
+
+class WeightUpdateError(InferenceError):
+    """A server refused ``/update_weights_from_disk``; it keeps serving its old weights. Quotes the reply."""
+
+
+class ServerStartupError(InferenceError):
+    """A launched inference server exited or never became healthy; the message ends with its log tail."""
+
+
 class RolloutFailureError(RollflowError):
     """The rollout loop stopped because too many episodes raised; quotes the first traceback."""
 

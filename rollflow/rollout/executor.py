@@ -38,6 +38,7 @@ import time
 import traceback
 from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future as ConcurrentFuture
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -55,7 +56,11 @@ ShouldAcceptFn = Callable[[TrajectoryGroup], bool]
 
 
 class GroupWriter(Protocol):
-    """What the executor needs from ``storage.shards.ShardWriter``."""
+    """What the executor needs from ``storage.shard_writer.ShardWriter``.
+
+    Each method returns something truthy (a commit record) when it committed everything buffered so far.
+    The calls block on storage, so the executor makes them from one worker thread, in order.
+    """
 
     def add(self, group: TrajectoryGroup) -> Any: ...
 
@@ -79,6 +84,7 @@ class ExecutorStats:
     staleness_sum: int = 0  # sum over accepted groups of (version at acceptance - head_version)
     staleness_max: int = 0
     flushes: int = 0
+    write_errors: int = 0
     first_failure: str | None = None
     started_at: float = field(default_factory=time.monotonic)
 
@@ -103,6 +109,7 @@ class ExecutorStats:
             "staleness_mean": self.staleness_sum / self.accepted if self.accepted else 0.0,
             "staleness_max": float(self.staleness_max),
             "shard_flushes": float(self.flushes),
+            "write_errors": float(self.write_errors),
         }
         for reason, n in self.rejected.items():
             out[f"rejected_{reason}"] = float(n)
@@ -131,6 +138,7 @@ class WorkflowExecutor:
         max_failure_rate: float = 0.2,
         min_episodes_for_failure: int = 20,
         poll_interval_s: float = 0.05,
+        max_write_failures: int = 5,
         on_flush: Callable[[WorkflowExecutor], None] | None = None,
         collect: bool | None = None,
     ) -> None:
@@ -145,6 +153,7 @@ class WorkflowExecutor:
             max_failure_rate: stop when failed / finished exceeds this ...
             min_episodes_for_failure: ... once at least this many episodes finished.
             poll_interval_s: longest wait between capacity checks (a new version re-opens capacity).
+            max_write_failures: consecutive failed writer calls before the executor gives up.
             on_flush: called on the loop thread after the writer committed something (persist state).
             collect: keep accepted groups for ``wait``/``prepare_batch``; default: when no writer.
         """
@@ -161,6 +170,7 @@ class WorkflowExecutor:
         self.max_failure_rate = max_failure_rate
         self.min_episodes_for_failure = min_episodes_for_failure
         self.poll_interval_s = poll_interval_s
+        self.max_write_failures = max_write_failures
         self._on_flush = on_flush
         self._collect = writer is None if collect is None else collect
         self.stats = ExecutorStats()
@@ -171,13 +181,21 @@ class WorkflowExecutor:
         )
         self._source: Iterator[tuple[Hashable, dict[str, Any]]] | None = None
         self._tasks: dict[asyncio.Task[TrajectoryGroup | None], _Episode] = {}
-        self._buffered_keys: list[Hashable] = []  # accepted, not yet committed by the writer
+        # Writer calls run in this one thread, in order; _buffered holds (add seq, key) not yet committed.
+        self._io: ThreadPoolExecutor | None = None
+        self._io_futures: set[asyncio.Future[Any]] = set()
+        self._add_seq = 0
+        self._buffered: collections.deque[tuple[int, Hashable]] = collections.deque()
+        self._cancelled_keys: list[Hashable] = []  # cancelled by aclose(): never finished, still open
+        self._flush_inflight = False
+        self._io_failures = 0
         self._results: collections.deque[TrajectoryGroup] = collections.deque()
         self._result_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._next_key = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        self._closed: asyncio.Event | None = None
         self._scheduler: asyncio.Task[None] | None = None
         self._closing = False
         self._error: BaseException | None = None
@@ -199,6 +217,9 @@ class WorkflowExecutor:
             raise RuntimeError("executor already started")
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        self._closed = asyncio.Event()
+        if self.writer is not None:
+            self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-writer")
         self.stats.started_at = time.monotonic()
         self._scheduler = asyncio.create_task(self._run_scheduler(), name="rollout-scheduler")
 
@@ -222,6 +243,7 @@ class WorkflowExecutor:
             await asyncio.gather(*running, return_exceptions=True)
         for task in running:
             ep = self._tasks.pop(task)
+            self._cancelled_keys.append(ep.key)
             self.stats.cancelled += 1
             self.staleness.on_rollout_rejected()
             if ep.future is not None and not ep.future.done():
@@ -230,8 +252,15 @@ class WorkflowExecutor:
             if fut is not None and not fut.done():
                 fut.cancel()
         self._inputs.clear()
-        self._flush(force=True)
+        if self.writer is not None:
+            self._io_call(self.writer.flush, watermark=self._add_seq)
+        while self._io_futures:  # the final flush, then whatever on_flush queued after it
+            await asyncio.gather(*list(self._io_futures), return_exceptions=True)
+        if self._io is not None:
+            self._io.shutdown(wait=True)
         self._fail_waiters(self._error or RuntimeError("executor closed"))
+        assert self._closed is not None
+        self._closed.set()
 
     # --- feeding and collecting (async, on the loop) ---------------------------------------------------
 
@@ -324,8 +353,13 @@ class WorkflowExecutor:
         return self._source is None and not self._inputs
 
     def open_keys(self) -> list[Hashable]:
-        """Keys of episodes started but not yet committed (running, or accepted and still buffered)."""
-        return [ep.key for ep in self._tasks.values()] + list(self._buffered_keys)
+        """Keys of episodes started but not committed: running, cancelled by close, or still buffered."""
+        running = [ep.key for ep in self._tasks.values()]
+        return running + self._cancelled_keys + [key for _, key in self._buffered]
+
+    def submit_io(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the writer thread after the writer calls queued so far (loop thread only)."""
+        self._io_call(fn, *args, watermark=None)
 
     # --- synchronous facade (embedded mode) -----------------------------------------------------------
 
@@ -339,11 +373,8 @@ class WorkflowExecutor:
             async def body() -> None:
                 await self.astart()
                 started.set()
-                assert self._scheduler is not None
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(self._scheduler)
-                while not self._closing:  # scheduler ended by a failure: stay up for aclose()
-                    await asyncio.sleep(self.poll_interval_s)
+                assert self._closed is not None
+                await self._closed.wait()  # set at the end of aclose(), called through stop()
 
             asyncio.run(body())
 
@@ -364,7 +395,9 @@ class WorkflowExecutor:
     def wait(self, count: int, timeout: float | None = None) -> list[TrajectoryGroup]:
         return self._call(self.await_results(count, timeout))
 
-    def rollout_batch(self, data_list: list[dict[str, Any]], timeout: float | None = None) -> list[TrajectoryGroup]:
+    def rollout_batch(
+        self, data_list: list[dict[str, Any]], timeout: float | None = None
+    ) -> list[TrajectoryGroup]:
         return self._call(self.arollout_batch(data_list), timeout)
 
     def prepare_batch(
@@ -428,6 +461,7 @@ class WorkflowExecutor:
         assert self._wake is not None
         try:
             while not self._closing:
+                self.raise_if_failed()
                 self._admit()
                 await self._wait_for_progress()
                 self._flush(force=False)
@@ -469,9 +503,9 @@ class WorkflowExecutor:
         finally:
             if not waker.done():
                 waker.cancel()
-        for task in done:
-            if task is not waker:
-                self._finish(task)
+        finished = [t for t in done if t is not waker]
+        for task in sorted(finished, key=lambda t: self._tasks[t].started_at):
+            self._finish(task)
 
     def _finish(self, task: asyncio.Task[TrajectoryGroup | None]) -> None:
         ep = self._tasks.pop(task)
@@ -479,7 +513,9 @@ class WorkflowExecutor:
             group = task.result()
             if group is not None:
                 if not isinstance(group, TrajectoryGroup):
-                    raise TypeError(f"arun_episode returned {type(group).__name__}, not TrajectoryGroup | None")
+                    raise TypeError(
+                        f"arun_episode returned {type(group).__name__}, not TrajectoryGroup | None"
+                    )
                 if group.rows:
                     group.validate()
         except asyncio.CancelledError:
@@ -525,8 +561,9 @@ class WorkflowExecutor:
         s.staleness_sum += lag
         s.staleness_max = max(s.staleness_max, lag)
         if self.writer is not None:
-            self.writer.add(group)
-            self._buffered_keys.append(ep.key)
+            self._add_seq += 1
+            self._buffered.append((self._add_seq, ep.key))
+            self._io_call(self.writer.add, group, watermark=self._add_seq)
         if ep.future is not None:
             self._resolve([ep.future], group)
         elif self._collect:
@@ -553,14 +590,52 @@ class WorkflowExecutor:
             )
 
     def _flush(self, *, force: bool) -> None:
-        if self.writer is None:
+        """Queue a ``maybe_flush`` (or ``flush``) on the writer thread unless one is in flight."""
+        if self.writer is None or self._flush_inflight or not (self._buffered or force):
             return
-        committed = self.writer.flush() if force else self.writer.maybe_flush()
-        if committed:
-            self.stats.flushes += 1
-            self._buffered_keys.clear()
-            if self._on_flush is not None:
+        self._flush_inflight = True
+        self._io_call(
+            self.writer.flush if force else self.writer.maybe_flush, watermark=self._add_seq, flush=True
+        )
+
+    def _io_call(
+        self, fn: Callable[..., Any], *args: Any, watermark: int | None, flush: bool = False
+    ) -> None:
+        assert self._loop is not None and self._io is not None
+        fut = self._loop.run_in_executor(self._io, fn, *args)
+        self._io_futures.add(fut)
+        fut.add_done_callback(lambda f: self._on_io_done(f, watermark, flush))
+
+    def _on_io_done(self, fut: asyncio.Future[Any], watermark: int | None, flush: bool) -> None:
+        """Runs on the loop thread. A truthy result of a writer call commits every add up to ``watermark``."""
+        self._io_futures.discard(fut)
+        if flush:
+            self._flush_inflight = False
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self.stats.write_errors += 1
+            self._io_failures += 1
+            logger.error("writer call failed (%d in a row): %r", self._io_failures, exc)
+            if self._io_failures >= self.max_write_failures and self._error is None:
+                self._error = RolloutFailureError(
+                    f"{self._io_failures} consecutive trajectory writes failed; last error: {exc!r}"
+                )
+                self._fail_waiters(self._error)
+                self._poke()
+            return
+        self._io_failures = 0
+        if watermark is None or not fut.result():
+            return
+        self.stats.flushes += 1
+        while self._buffered and self._buffered[0][0] <= watermark:
+            self._buffered.popleft()
+        if self._on_flush is not None:
+            try:
                 self._on_flush(self)
+            except Exception:
+                logger.exception("on_flush callback failed")
 
     @staticmethod
     def _resolve(futures: list[asyncio.Future | None], value: Any) -> None:

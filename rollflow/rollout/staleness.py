@@ -199,7 +199,9 @@ class StalenessManager:
             raise ValueError(f"restore needs counts >= 0, got accepted={accepted} rejected={rejected}")
         with self._lock:
             if self._stat.running:
-                raise RuntimeError(f"restore() with {self._stat.running} episodes running; call it before start")
+                raise RuntimeError(
+                    f"restore() with {self._stat.running} episodes running; call it before start"
+                )
             self._stat = RolloutStat(
                 enqueued=accepted + rejected,
                 submitted=accepted + rejected,

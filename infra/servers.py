@@ -1,0 +1,262 @@
+"""Start and stop inference servers as child processes: N local CPU servers, or any HTTP server command.
+
+What it is: ``ServerGroup`` (a set of child server processes with their addresses, health wait, log files
+and a clean SIGTERM -> SIGKILL stop; also a context manager) and ``launch_local_servers`` (N
+``python -m infra.cpu_server`` on free loopback ports). ``infra.sglang_launcher`` reuses ``ServerGroup``.
+Children get ``PR_SET_PDEATHSIG`` on Linux, so they die with the process that launched them (a cancelled
+flow run leaves no orphans). The API key travels in the environment, never on the command line.
+
+What it is not: a process supervisor (no restarts) or a client.
+
+Example::
+
+    with launch_local_servers(InferenceConfig(n_servers=2), "runs/models/tiny") as group:
+        print(group.addresses)  # ['127.0.0.1:41231', '127.0.0.1:41233']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from rollflow.api.config import InferenceConfig
+from rollflow.api.errors import ServerStartupError
+
+logger = logging.getLogger(__name__)
+
+API_KEY_ENV = "ROLLFLOW_INFERENCE_API_KEY"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_SECRET_FLAGS = ("--api-key", "--admin-api-key")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS reports free right now (another process may still take it before we bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def redact_command(cmd: list[str]) -> list[str]:
+    """The command with the value after ``--api-key`` replaced, for logs."""
+    out = list(cmd)
+    for i, a in enumerate(out[:-1]):
+        if a in _SECRET_FLAGS:
+            out[i + 1] = "<redacted>"
+    return out
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class ServerProcess:
+    address: str  # host:port
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    command: list[str]
+
+    def log_tail(self, n_lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n_lines:])
+        except OSError:
+            return "(no log)"
+
+
+def health_ok(address: str, timeout_s: float = 2.0) -> bool:
+    """GET /health answered 200 (``/health*`` needs no API key, as in SGLang)."""
+    try:
+        with urllib.request.urlopen(f"http://{address}/health", timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class ServerGroup:
+    """Child server processes; ``addresses`` is what clients and watchers are given."""
+
+    def __init__(self, servers: list[ServerProcess], *, shutdown_timeout_s: float = 15.0) -> None:
+        self.servers = servers
+        self.shutdown_timeout_s = shutdown_timeout_s
+
+    @property
+    def addresses(self) -> list[str]:
+        return [s.address for s in self.servers]
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Block until every server answers /health; raise ``ServerStartupError`` (with its log) otherwise."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(self.servers)
+        while pending:
+            for s in list(pending):
+                if s.process.poll() is not None:
+                    raise ServerStartupError(
+                        f"server {s.address} exited with code {s.process.returncode} during startup; "
+                        f"log {s.log_path}:\n{s.log_tail()}"
+                    )
+                if health_ok(s.address):
+                    pending.remove(s)
+            if pending and time.monotonic() > deadline:
+                s = pending[0]
+                raise ServerStartupError(
+                    f"server {s.address} not healthy after {timeout_s:.0f}s; log {s.log_path}:\n{s.log_tail()}"
+                )
+            if pending:
+                time.sleep(0.2)
+
+    def kill(self, index: int) -> None:
+        """SIGKILL one server (tests: a server dying mid-request)."""
+        p = self.servers[index].process
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """SIGTERM every server, wait up to ``timeout_s`` (default ``shutdown_timeout_s``), then SIGKILL."""
+        timeout_s = self.shutdown_timeout_s if timeout_s is None else timeout_s
+        for s in self.servers:
+            if s.process.poll() is None:
+                s.process.terminate()
+        deadline = time.monotonic() + timeout_s
+        for s in self.servers:
+            try:
+                s.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("server %s ignored SIGTERM for %.0fs; killing it", s.address, timeout_s)
+                s.process.kill()
+                s.process.wait(10)
+
+    def returncodes(self) -> list[int | None]:
+        return [s.process.poll() for s in self.servers]
+
+    def __enter__(self) -> ServerGroup:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ServerGroup({self.addresses})"
+
+
+def start_servers(
+    commands: list[list[str]],
+    addresses: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    log_dir: str | Path | None = None,
+    shutdown_timeout_s: float = 15.0,
+    name: str = "server",
+) -> ServerGroup:
+    """Spawn one process per command (stdout+stderr to ``log_dir/{name}-{i}.log``); does not wait."""
+    log_root = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=f"rollflow-{name}-"))
+    log_root.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), full_env.get("PYTHONPATH", "")) if p)
+    servers = []
+    for i, (cmd, addr) in enumerate(zip(commands, addresses, strict=True)):
+        log_path = log_root / f"{name}-{i}-{addr.replace(':', '_')}.log"
+        logger.info("starting %s: %s (log %s)", name, " ".join(redact_command(cmd)), log_path)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        servers.append(ServerProcess(addr, proc, log_path, cmd))
+    return ServerGroup(servers, shutdown_timeout_s=shutdown_timeout_s)
+
+
+def cpu_server_command(
+    model_path: str | Path,
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    max_batch_size: int = 64,
+    threads: int = 1,
+    weight_version: str = "0",
+    extra_args: list[str] | tuple[str, ...] = (),
+    python: str = sys.executable,
+) -> list[str]:
+    """``python -m infra.cpu_server ...`` for one server (the API key goes in the environment)."""
+    return [
+        python, "-m", "infra.cpu_server", "--model-path", str(model_path), "--host", host, "--port", str(port),
+        "--max-batch-size", str(max_batch_size), "--threads", str(threads), "--weight-version", weight_version,
+        *extra_args,
+    ]  # fmt: skip
+
+
+def launch_local_servers(
+    cfg: InferenceConfig,
+    model_path: str | Path,
+    *,
+    weight_version: str | None = None,
+    log_dir: str | Path | None = None,
+    extra_args: list[str] | tuple[str, ...] = (),
+    env: dict[str, Any] | None = None,
+) -> ServerGroup:
+    """Start ``cfg.n_servers`` CPU servers for ``model_path`` and wait until all answer /health.
+
+    Ports: ``cfg.base_port + i``, or free loopback ports when ``base_port`` is 0 (a port lost to a race is
+    retried once with a new one). Each server uses ``cfg.server_threads`` torch threads and reports
+    ``weight_version`` (default ``cfg.initial_weight_version``). Raises ``ServerStartupError``.
+    """
+    host = cfg.host
+    version = weight_version if weight_version is not None else cfg.initial_weight_version
+    child_env = {
+        "OMP_NUM_THREADS": str(cfg.server_threads),
+        "MKL_NUM_THREADS": str(cfg.server_threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+        **{k: str(v) for k, v in (env or {}).items()},
+    }
+    if cfg.api_key:
+        child_env[API_KEY_ENV] = cfg.api_key
+
+    def commands(ports: list[int]) -> list[list[str]]:
+        return [
+            cpu_server_command(
+                model_path, port=p, host=host, max_batch_size=cfg.max_batch_size, threads=cfg.server_threads,
+                weight_version=version, extra_args=extra_args,
+            )
+            for p in ports
+        ]  # fmt: skip
+
+    for attempt in range(2):
+        if cfg.base_port:
+            ports = [cfg.base_port + i for i in range(cfg.n_servers)]
+        else:
+            ports = [free_port(host) for _ in range(cfg.n_servers)]
+        addresses = [f"{host}:{p}" for p in ports]
+        group = start_servers(
+            commands(ports), addresses, env=child_env, log_dir=log_dir,
+            shutdown_timeout_s=cfg.shutdown_timeout_s, name="cpu-server",
+        )  # fmt: skip
+        try:
+            group.wait_healthy(cfg.startup_timeout_s)
+            return group
+        except ServerStartupError as e:
+            group.stop(timeout_s=5)
+            if attempt == 0 and not cfg.base_port and "cannot bind" in str(e):
+                logger.warning("port taken during startup; retrying with new ports")
+                continue
+            raise
+    raise AssertionError("unreachable")

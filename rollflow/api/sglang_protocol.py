@@ -1,0 +1,608 @@
+"""SGLang 0.5.23's native HTTP protocol, the subset an RL loop uses: request/response shapes and their checks.
+
+What it is: plain dataclasses and parse/build functions for ``/generate``, ``/update_weights_from_disk``,
+``/pause_generation``, ``/continue_generation`` and ``/abort_request``, with SGLang's field names,
+defaults and error messages (source: ``sglang/srt/managers/io_struct.py``,
+``sglang/srt/sampling/sampling_params.py``, ``sglang/srt/utils/weight_versions.py``). Both sides use it:
+the CPU server (``infra.cpu_server``) parses requests with it, the client (``rollflow.rollout.client``)
+builds requests and reads replies with it. docs/inference.md shows the exact payloads.
+
+What it is not: no I/O, no HTTP, no model. Which optional SGLang features the CPU server implements is
+decided in ``infra.cpu_server.app``, not here; this module parses the full field set it names.
+
+Example::
+
+    items = parse_generate_request({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}}, vocab_size=64)
+    items[0].sampling.max_new_tokens  # 4
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rollflow.api.errors import InvalidRequestError
+
+PROTOCOL_VERSION = "0.5.23"  # the SGLang release whose HTTP API this module follows
+DEFAULT_WEIGHT_VERSION = "default"  # SGLang's --weight-version default
+TOP_K_ALL = 1 << 30  # SGLang's "whole vocabulary" top_k
+SAMPLING_EPS = 1e-6  # temperature below this means greedy (SGLang: top_k=1, temperature=1)
+
+PauseMode = Literal["abort", "retract", "in_place"]
+PAUSE_MODES: tuple[str, ...] = ("abort", "retract", "in_place")
+
+# Control routes (POST unless noted).
+ROUTE_GENERATE = "/generate"
+ROUTE_PAUSE = "/pause_generation"
+ROUTE_CONTINUE = "/continue_generation"
+ROUTE_ABORT = "/abort_request"
+ROUTE_UPDATE_WEIGHTS = "/update_weights_from_disk"
+ROUTE_FLUSH_CACHE = "/flush_cache"  # GET or POST
+ROUTE_HEALTH = "/health"  # GET
+ROUTE_HEALTH_GENERATE = "/health_generate"  # GET
+ROUTE_MODEL_INFO = "/get_model_info"  # GET
+ROUTE_SERVER_INFO = "/get_server_info"  # GET
+
+# sampling_params keys SGLang 0.5.23 accepts (an unknown key is a TypeError there, a 400 here).
+SAMPLING_KEYS = frozenset(
+    {
+        "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "beam_width",
+        "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
+        "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed",
+        "custom_params", "watermark",
+    }
+)  # fmt: skip
+
+
+def _bad(message: str) -> InvalidRequestError:
+    return InvalidRequestError(message)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+# --- sampling parameters -------------------------------------------------------------------------------------
+
+
+@dataclass
+class WireSamplingParams:
+    """``sampling_params`` of one request after SGLang's normalisation (``None`` -> default).
+
+    Greedy: ``0 <= temperature < 1e-6`` becomes ``temperature = 1, top_k = 1`` (``is_greedy`` remembers it),
+    and ``top_k = -1`` becomes ``TOP_K_ALL``, exactly as SGLang's ``SamplingParams.__post_init__``.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = TOP_K_ALL
+    min_p: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    min_new_tokens: int = 0
+    n: int = 1
+    sampling_seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[str, float] | None = None
+    constrained: bool = False  # json_schema / regex / ebnf / structural_tag / stop_regex given
+    is_greedy: bool = False
+
+    def unsupported_features(self) -> list[str]:
+        """Names of the non-default features set here (the CPU server rejects these)."""
+        out = []
+        if self.stop:
+            out.append("stop (strings; use stop_token_ids)")
+        if self.n != 1:
+            out.append("n > 1 (send n requests)")
+        if self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0:
+            out.append("frequency/presence/repetition penalties")
+        if self.logit_bias:
+            out.append("logit_bias")
+        if self.constrained:
+            out.append("constrained decoding (json_schema/regex/ebnf/structural_tag/stop_regex)")
+        return out
+
+
+def parse_sampling_params(raw: Any, *, where: str = "sampling_params") -> WireSamplingParams:
+    """Check one ``sampling_params`` dict with SGLang's rules (``SamplingParams.verify``) and normalise it."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise _bad(f"{where} must be a JSON object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - SAMPLING_KEYS)
+    if unknown:
+        raise _bad(f"{where}: unknown key(s) {unknown}; see docs/inference.md for the accepted keys")
+
+    def get(key: str, default: Any) -> Any:
+        v = raw.get(key)
+        return default if v is None else v
+
+    def number(key: str, default: float) -> float:
+        v = get(key, default)
+        if not _is_number(v) or not math.isfinite(float(v)):
+            raise _bad(f"{where}.{key} must be a finite number, got {v!r}")
+        return float(v)
+
+    def integer(key: str, default: int) -> int:
+        v = get(key, default)
+        if not _is_int(v):
+            raise _bad(f"{where}.{key} must be an integer, got {v!r}")
+        return int(v)
+
+    def boolean(key: str, default: bool) -> bool:
+        v = get(key, default)
+        if not isinstance(v, bool):
+            raise _bad(f"{where}.{key} must be true or false, got {v!r}")
+        return v
+
+    p = WireSamplingParams(
+        max_new_tokens=integer("max_new_tokens", 128),
+        temperature=number("temperature", 1.0),
+        top_p=number("top_p", 1.0),
+        top_k=integer("top_k", -1),
+        min_p=number("min_p", 0.0),
+        ignore_eos=boolean("ignore_eos", False),
+        skip_special_tokens=boolean("skip_special_tokens", True),
+        min_new_tokens=integer("min_new_tokens", 0),
+        n=integer("n", 1),
+        frequency_penalty=number("frequency_penalty", 0.0),
+        presence_penalty=number("presence_penalty", 0.0),
+        repetition_penalty=number("repetition_penalty", 1.0),
+    )
+    stop = raw.get("stop")
+    if stop is not None:
+        p.stop = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, list) else []
+        if not all(isinstance(s, str) for s in p.stop) or not isinstance(stop, (str, list)):
+            raise _bad(f"{where}.stop must be a string or a list of strings")
+    ids = raw.get("stop_token_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+            raise _bad(f"{where}.stop_token_ids must be a list of integers, got {ids!r}")
+        p.stop_token_ids = sorted({int(t) for t in ids})
+    seed = raw.get("sampling_seed")
+    if seed is not None:
+        if not _is_int(seed):
+            raise _bad(f"sampling_seed must be an integer, got {type(seed).__name__}.")
+        if not -(2**63) <= seed <= 2**63 - 1:
+            raise _bad(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
+        p.sampling_seed = int(seed)
+    bias = raw.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise _bad(f"{where}.logit_bias must be an object {{token_id: bias}}")
+        p.logit_bias = {str(k): float(v) for k, v in bias.items()}
+    p.constrained = any(raw.get(k) for k in ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex"))
+
+    # SGLang's verify(), same messages.
+    if p.temperature < 0.0:
+        raise _bad(f"temperature must be a non-negative finite number, got {p.temperature}.")
+    if not 0.0 < p.top_p <= 1.0:
+        raise _bad(f"top_p must be in (0, 1], got {p.top_p}.")
+    if not 0.0 <= p.min_p <= 1.0:
+        raise _bad(f"min_p must be in [0, 1], got {p.min_p}.")
+    if p.top_k < 1 and p.top_k != -1:
+        raise _bad(f"top_k must be -1 (disable) or at least 1, got {p.top_k}.")
+    if p.max_new_tokens < 0:
+        raise _bad(f"max_new_tokens must be at least 0, got {p.max_new_tokens}.")
+    if not 0 <= p.min_new_tokens <= p.max_new_tokens:
+        raise _bad(
+            f"min_new_tokens must be in [0, max_new_tokens({p.max_new_tokens})], got {p.min_new_tokens}."
+        )
+    if p.n < 1:
+        raise _bad(f"n must be at least 1, got {p.n}.")
+
+    # SGLang's __post_init__ normalisation.
+    if 0 <= p.temperature < SAMPLING_EPS:
+        p.temperature, p.top_k, p.is_greedy = 1.0, 1, True
+    if p.top_k == -1:
+        p.top_k = TOP_K_ALL
+    return p
+
+
+# --- /generate request -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class GenerateItem:
+    """One prompt of a (possibly batched) ``/generate`` request, normalised."""
+
+    rid: str
+    input_ids: list[int] | None
+    text: str | None
+    sampling: WireSamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+
+def _check_ids(ids: Any, where: str, vocab_size: int | None) -> list[int]:
+    if not isinstance(ids, list):
+        raise _bad(f"{where} must be a list of integer token ids, got {type(ids).__name__}")
+    if not ids:
+        raise _bad(f"{where} must not be empty")
+    for i, t in enumerate(ids):
+        if not _is_int(t):
+            raise _bad(f"{where}[{i}] must be an integer token id, got {t!r}")
+        if t < 0 or (vocab_size is not None and t >= vocab_size):
+            hi = f"{vocab_size}" if vocab_size is not None else "vocab_size"
+            raise _bad(f"{where}[{i}] = {t} is outside the vocabulary; valid range is [0, {hi}).")
+    return [int(t) for t in ids]
+
+
+def parse_generate_request(
+    body: Any, *, vocab_size: int | None = None, context_len: int | None = None
+) -> tuple[list[GenerateItem], bool]:
+    """Parse a ``/generate`` body into one item per prompt; returns ``(items, is_batch)``.
+
+    Unknown top-level keys are ignored (as in SGLang). Raises ``InvalidRequestError`` with SGLang's
+    message where SGLang has one (e.g. "text and input_ids cannot be provided at the same time").
+    A string ``rid`` on a batch becomes the prefix ``f"{rid}_{i}"``; no rid gets a uuid4 hex.
+    """
+    if not isinstance(body, dict):
+        raise _bad(f"request body must be a JSON object, got {type(body).__name__}")
+    text, ids = body.get("text"), body.get("input_ids")
+    if text is not None and ids is not None:
+        raise _bad("text and input_ids cannot be provided at the same time")
+    if text is None and ids is None:
+        raise _bad("Either text, input_ids or input_embeds should be provided.")
+    if ids is not None:
+        is_batch = isinstance(ids, list) and len(ids) > 0 and isinstance(ids[0], list)
+        if is_batch:
+            prompts: list[Any] = [_check_ids(x, f"input_ids[{i}]", vocab_size) for i, x in enumerate(ids)]
+        else:
+            prompts = [_check_ids(ids, "input_ids", vocab_size)]
+    else:
+        is_batch = isinstance(text, list)
+        prompts = list(text) if is_batch else [text]
+        if not prompts or not all(isinstance(t, str) and t for t in prompts):
+            raise _bad("text must be a non-empty string or a non-empty list of non-empty strings")
+    n = len(prompts)
+
+    rid = body.get("rid")
+    if rid is None:
+        rids = [uuid.uuid4().hex for _ in range(n)]
+    elif isinstance(rid, str):
+        rids = [f"{rid}_{i}" for i in range(n)] if is_batch else [rid]
+    elif isinstance(rid, list) and all(isinstance(r, str) for r in rid):
+        if len(rid) != n:
+            raise _bad("The specified rids length mismatch with the batch_size for batch processing.")
+        rids = list(rid)
+    else:
+        raise _bad("The rid should be a string or a list of strings.")
+    if any(not r for r in rids):
+        raise _bad("rid must not be an empty string")
+
+    raw_sp = body.get("sampling_params")
+    if isinstance(raw_sp, list):
+        if len(raw_sp) != n:
+            raise _bad(f"sampling_params has {len(raw_sp)} entries for {n} prompts")
+        sps = [parse_sampling_params(s, where=f"sampling_params[{i}]") for i, s in enumerate(raw_sp)]
+    else:
+        sp = parse_sampling_params(raw_sp)
+        sps = [sp] * n
+
+    def per_item(key: str, default: Any, check: Any, what: str) -> list[Any]:
+        v = body.get(key)
+        vals = v if isinstance(v, list) else [v] * n
+        if len(vals) != n:
+            raise _bad(f"{key} has {len(vals)} entries for {n} prompts")
+        out = []
+        for x in vals:
+            x = default if x is None else x
+            if not check(x):
+                raise _bad(f"{key} must be {what}, got {x!r}")
+            out.append(x)
+        return out
+
+    ret_lp = per_item("return_logprob", False, lambda x: isinstance(x, bool), "true or false")
+    start = per_item("logprob_start_len", -1, _is_int, "an integer")
+    top_n = per_item("top_logprobs_num", 0, lambda x: _is_int(x) and x >= 0, "an integer >= 0")
+    ret_text = body.get("return_text_in_logprobs") or False
+    stream = body.get("stream") or False
+    if not isinstance(ret_text, bool) or not isinstance(stream, bool):
+        raise _bad("return_text_in_logprobs and stream must be true or false")
+
+    items = []
+    for i in range(n):
+        p_ids = prompts[i] if ids is not None else None
+        if p_ids is not None and context_len is not None:
+            check_context(len(p_ids), sps[i].max_new_tokens, context_len)
+        items.append(
+            GenerateItem(
+                rid=rids[i],
+                input_ids=p_ids,
+                text=prompts[i] if ids is None else None,
+                sampling=sps[i],
+                return_logprob=ret_lp[i],
+                logprob_start_len=start[i],
+                top_logprobs_num=top_n[i],
+                return_text_in_logprobs=ret_text,
+                stream=stream,
+            )
+        )
+    return items, is_batch
+
+
+def check_context(n_input: int, max_new_tokens: int, context_len: int) -> None:
+    """SGLang's context-length checks (tokenizer_manager ``_validate_one_request``), same messages."""
+    if n_input >= context_len:
+        raise _bad(
+            f"The input ({n_input} tokens) is longer than the model's context length ({context_len} tokens)."
+        )
+    if n_input + max_new_tokens > context_len:
+        raise _bad(
+            f"Requested token count exceeds the model's maximum context length of {context_len} tokens. "
+            f"You requested a total of {n_input + max_new_tokens} tokens: {n_input} tokens from the input "
+            f"messages and {max_new_tokens} tokens for the completion. Please reduce the number of tokens "
+            "in the input messages or the completion to fit within the limit."
+        )
+
+
+def build_generate_payload(
+    input_ids: list[int],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    min_p: float = 0.0,
+    stop_token_ids: list[int] | None = None,
+    ignore_eos: bool = False,
+    skip_special_tokens: bool = True,
+    sampling_seed: int | None = None,
+    rid: str | None = None,
+    return_logprob: bool = True,
+) -> dict[str, Any]:
+    """The JSON body of one non-streamed ``/generate`` call (what the client sends)."""
+    sp: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "ignore_eos": ignore_eos,
+        "skip_special_tokens": skip_special_tokens,
+    }
+    if stop_token_ids:
+        sp["stop_token_ids"] = list(stop_token_ids)
+    if sampling_seed is not None:
+        sp["sampling_seed"] = sampling_seed
+    body: dict[str, Any] = {"input_ids": list(input_ids), "sampling_params": sp, "return_logprob": return_logprob}
+    if rid is not None:
+        body["rid"] = rid
+    return body
+
+
+# --- /generate response ----------------------------------------------------------------------------------------
+
+
+def finish_stop(matched: int | str) -> dict[str, Any]:
+    return {"type": "stop", "matched": matched}
+
+
+def finish_length(length: int) -> dict[str, Any]:
+    return {"type": "length", "length": length}
+
+
+def finish_abort(message: str = "Aborted", status_code: int | None = None, err_type: str | None = None) -> dict[str, Any]:
+    return {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}
+
+
+@dataclass
+class WeightVersionSpan:
+    """Output tokens ``[start, end)`` were produced under weights ``version``."""
+
+    version: str
+    start: int
+    end: int
+
+
+def compute_weight_version_spans(
+    events: list[tuple[str, int]], current_version: str, num_output_tokens: int
+) -> list[WeightVersionSpan]:
+    """SGLang's ``compute_weight_version_spans``.
+
+    ``events`` are ``(old_version, n_output_tokens_at_the_change)`` in order; tokens after the last event
+    belong to ``current_version``. Worked example: events ``[("3", 5)]``, current ``"4"``, 8 tokens ->
+    ``[("3", 0, 5), ("4", 5, 8)]``. Adjacent equal versions merge; empty spans vanish.
+    """
+    changes = [*events, (current_version, num_output_tokens)]
+    spans: list[WeightVersionSpan] = []
+    for version, end in changes:
+        end = min(end, num_output_tokens)
+        if spans and end <= spans[-1].end:
+            continue
+        if spans and version == spans[-1].version:
+            spans[-1].end = end
+            continue
+        start = spans[-1].end if spans else 0
+        spans.append(WeightVersionSpan(version=version, start=start, end=end))
+    if not spans:  # no output tokens: SGLang keeps the zero-length first span
+        spans.append(WeightVersionSpan(version=current_version, start=0, end=0))
+    return spans
+
+
+@dataclass
+class GenerateOutput:
+    """One non-streamed ``/generate`` reply, as the client reads it."""
+
+    rid: str
+    text: str
+    output_ids: list[int]
+    finish_reason: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    weight_version: str
+    output_token_logprobs: list[float] | None  # None if return_logprob was false
+    token_versions: list[str]  # weight version of each output token (from weight_versions spans)
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def finish_type(self) -> str:
+        return str(self.finish_reason.get("type", ""))
+
+
+def token_versions_from_meta(meta: dict[str, Any], n_tokens: int) -> list[str]:
+    """Per-output-token weight version: from ``weight_versions`` spans, else ``weight_version`` for all."""
+    fallback = str(meta.get("weight_version", DEFAULT_WEIGHT_VERSION))
+    out = [fallback] * n_tokens
+    for span in meta.get("weight_versions") or []:
+        v = str(span["version"])
+        for i in range(max(0, int(span["start"])), min(n_tokens, int(span["end"]))):
+            out[i] = v
+    return out
+
+
+def parse_generate_response(obj: Any) -> GenerateOutput:
+    """Read one ``/generate`` reply object; raises ``InvalidRequestError`` if it is not one."""
+    if not isinstance(obj, dict) or "meta_info" not in obj or "output_ids" not in obj:
+        raise _bad(f"not a /generate reply: {str(obj)[:200]}")
+    meta = obj["meta_info"]
+    ids = [int(t) for t in obj["output_ids"]]
+    lps = meta.get("output_token_logprobs")
+    logprobs = None
+    if lps is not None:
+        logprobs = [float(x[0]) if x[0] is not None else float("nan") for x in lps]
+        if len(logprobs) != len(ids):
+            raise _bad(f"reply has {len(ids)} output_ids but {len(logprobs)} output_token_logprobs")
+    return GenerateOutput(
+        rid=str(meta.get("id", "")),
+        text=str(obj.get("text", "")),
+        output_ids=ids,
+        finish_reason=dict(meta.get("finish_reason") or {}),
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        completion_tokens=int(meta.get("completion_tokens", len(ids))),
+        weight_version=str(meta.get("weight_version", DEFAULT_WEIGHT_VERSION)),
+        output_token_logprobs=logprobs,
+        token_versions=token_versions_from_meta(meta, len(ids)),
+        raw=obj,
+    )
+
+
+# --- control routes --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class UpdateWeightFromDiskReqInput:
+    """Body of ``POST /update_weights_from_disk`` (SGLang's fields and defaults)."""
+
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    is_async: bool = False
+    torch_empty_cache: bool = False
+    keep_pause: bool = False
+    recapture_cuda_graph: bool = False
+    token_step: int = 0
+    flush_cache: bool = True
+    manifest: dict[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, body: Any) -> UpdateWeightFromDiskReqInput:
+        if not isinstance(body, dict):
+            raise _bad("request body must be a JSON object")
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise _bad("model_path is required and must be a non-empty string")
+        out = cls(model_path=path)
+        for key in ("abort_all_requests", "is_async", "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "flush_cache"):
+            v = body.get(key)
+            if v is not None:
+                if not isinstance(v, bool):
+                    raise _bad(f"{key} must be true or false, got {v!r}")
+                setattr(out, key, v)
+        for key in ("load_format", "weight_version"):
+            v = body.get(key)
+            if v is not None:
+                if not isinstance(v, str):
+                    raise _bad(f"{key} must be a string, got {v!r} (weight_version is a string: \"7\", not 7)")
+                setattr(out, key, v)
+        if body.get("token_step") is not None:
+            if not _is_int(body["token_step"]):
+                raise _bad("token_step must be an integer")
+            out.token_step = int(body["token_step"])
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model_path": self.model_path, "abort_all_requests": self.abort_all_requests}
+        if self.weight_version is not None:
+            out["weight_version"] = self.weight_version
+        if self.load_format is not None:
+            out["load_format"] = self.load_format
+        if not self.flush_cache:
+            out["flush_cache"] = False
+        if self.keep_pause:
+            out["keep_pause"] = True
+        return out
+
+
+def update_weights_message(weight_version: str | None) -> str:
+    """SGLang's success message of ``/update_weights_from_disk``."""
+    msg = "Succeeded to update model weights."
+    return msg + (f" Weight version updated to {weight_version}." if weight_version is not None else "")
+
+
+def parse_pause_mode(body: Any) -> PauseMode:
+    """Body of ``/pause_generation``: ``{"mode": "abort"|"retract"|"in_place"}``, default abort."""
+    if body is None:
+        body = {}
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object")
+    mode = body.get("mode") or "abort"
+    if mode not in PAUSE_MODES:
+        raise _bad(f"mode must be one of {list(PAUSE_MODES)}, got {mode!r}")
+    return mode  # type: ignore[return-value]
+
+
+def parse_abort(body: Any) -> tuple[str, bool]:
+    """Body of ``/abort_request``: ``{"rid": str = "", "abort_all": bool = false}`` -> ``(rid, abort_all)``."""
+    if body is None:
+        body = {}
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object")
+    rid = body.get("rid") or ""
+    abort_all = body.get("abort_all") or False
+    if not isinstance(rid, str) or not isinstance(abort_all, bool):
+        raise _bad("rid must be a string and abort_all true or false")
+    return rid, abort_all
+
+
+PAUSE_OK = {"message": "Generation paused successfully.", "status": "ok"}
+CONTINUE_OK = {"message": "Generation continued successfully.", "status": "ok"}
+FLUSH_OK_TEXT = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+    "requests, the operation will not be performed.)\n"
+)
+
+
+def error_body(message: str) -> dict[str, Any]:
+    """SGLang's generic error reply ``{"error": {"message": ...}}``."""
+    return {"error": {"message": message}}
+
+
+def error_message(body: Any) -> str:
+    """The human message of an SGLang error reply (any of its shapes), else the body as text."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if "message" in body:
+            return str(body["message"])
+    return str(body)[:500]

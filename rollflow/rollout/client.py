@@ -1,0 +1,358 @@
+"""``SGLangClient``: the interruptible, failing-over ``InferenceClient`` over SGLang's native HTTP API.
+
+What it is: ``agenerate`` sends ``/generate`` (``input_ids``, ``sampling_params``, ``return_logprob``) to
+one server and keeps going until the request stops or reaches ``max_new_tokens``:
+
+- **interruption**: a reply with ``finish_reason.type == "abort"`` (a weight update paused the server, or
+  someone aborted the rid) carries the partial output. The client appends it and re-submits
+  prompt + all output so far to the **same** server with the remaining budget
+  ``max_new_tokens - len(output)``; the server's pause gate holds the new call until
+  ``/continue_generation``, so nothing spins. Each token's policy version is read from the reply's
+  ``meta_info.weight_versions`` spans (``weight_version`` when absent), parsed to int; a version that is
+  not an integer (SGLang's ``"default"``) counts as the client's current ``get_version()``.
+- **routing**: rid affinity through a bounded LRU, else the least-loaded server (``routing.ServerPool``).
+  Each segment is sent as ``f"{rid}-{n}"``, so ``/abort_request`` with ``rid`` (prefix match) reaches it.
+- **failures**: a connection failure (refused, reset, the server died mid-request) marks the server down
+  and the segment goes to another server, resumed from prompt + the output received so far (a non-streamed
+  reply that never arrived is lost and regenerated). 5xx, 408, 429 and timeouts are retried the same way;
+  every server is tried once per round, with ``max_retries`` more rounds after ``retry_backoff_s * 2**k``.
+  A 4xx raises ``InvalidRequestError`` at once; no server left raises ``ServerUnavailableError``.
+
+``pause()`` / ``resume()`` (blocking, any thread) and ``apause()`` / ``aresume()`` pause all servers of
+this client for the synchronous baseline. ``set_version`` / ``get_version`` carry the newest served
+policy version (the checkpoint watcher calls ``set_version``; versions seen in replies also raise it).
+
+What it is not: no tokenizer, no streaming, no weight updates (``rollflow.rollout.watcher``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from rollflow.api.config import InferenceConfig
+from rollflow.api.errors import InferenceError, InvalidRequestError, ServerUnavailableError
+from rollflow.api.inference import GenerateRequest, GenerateResult
+from rollflow.api.metrics import MetricsSink, NullSink
+from rollflow.api.sglang_protocol import (
+    ROUTE_ABORT,
+    ROUTE_CONTINUE,
+    ROUTE_GENERATE,
+    ROUTE_PAUSE,
+    GenerateOutput,
+    PauseMode,
+    build_generate_payload,
+    error_message,
+    parse_generate_response,
+)
+from rollflow.rollout.routing import ServerPool, auth_headers, base_url, control_call
+
+logger = logging.getLogger(__name__)
+
+_RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class _Transient(Exception):
+    """A failure worth retrying elsewhere; ``down`` means the server itself looks dead."""
+
+    def __init__(self, message: str, *, down: bool) -> None:
+        super().__init__(message)
+        self.down = down
+
+
+class SGLangClient:
+    """Implements ``rollflow.api.inference.InferenceClient``. Safe to build outside an event loop."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        api_key: str | None = None,
+        request_timeout_s: float = 120.0,
+        connect_timeout_s: float = 5.0,
+        max_retries: int = 3,
+        retry_backoff_s: float = 0.5,
+        affinity_lru_size: int = 4096,
+        metrics: MetricsSink | None = None,
+        initial_version: int = 0,
+        max_idle_aborts: int = 100,
+        down_cooldown_s: float = 5.0,
+    ) -> None:
+        self.pool = ServerPool(
+            addresses, affinity_lru_size=affinity_lru_size, down_cooldown_s=down_cooldown_s
+        )
+        self.api_key = api_key
+        self.request_timeout_s = request_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_retries = max_retries
+        self.retry_backoff_s = retry_backoff_s
+        self.max_idle_aborts = max_idle_aborts
+        self.metrics: MetricsSink = metrics or NullSink()
+        self._version = initial_version
+        self._version_lock = threading.Lock()
+        self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._background: set[asyncio.Task[None]] = set()
+        self.counters = {"requests": 0, "segments": 0, "interruptions": 0, "failovers": 0, "retries": 0}
+
+    @classmethod
+    def from_config(
+        cls, cfg: InferenceConfig, addresses: Sequence[str], *, metrics: MetricsSink | None = None
+    ) -> SGLangClient:
+        return cls(
+            addresses,
+            api_key=cfg.api_key,
+            request_timeout_s=cfg.request_timeout_s,
+            connect_timeout_s=cfg.connect_timeout_s,
+            max_retries=cfg.max_retries,
+            retry_backoff_s=cfg.retry_backoff_s,
+            affinity_lru_size=cfg.affinity_lru_size,
+            metrics=metrics,
+        )
+
+    @property
+    def addresses(self) -> list[str]:
+        return list(self.pool.addresses)
+
+    # --- versions ------------------------------------------------------------------------------------------------
+
+    def set_version(self, version: int) -> None:
+        """Called by the checkpoint watcher once its servers serve ``version`` (never lowers it)."""
+        with self._version_lock:
+            self._version = max(self._version, int(version))
+
+    def get_version(self) -> int:
+        with self._version_lock:
+            return self._version
+
+    def _parse_version(self, v: str) -> int:
+        try:
+            n = int(v)
+        except ValueError:
+            return self.get_version()
+        self.set_version(n)
+        return n
+
+    # --- generation ------------------------------------------------------------------------------------------------
+
+    async def agenerate(self, request: GenerateRequest) -> GenerateResult:
+        """Generate until stop / length across pauses, aborts and server deaths (see module docstring)."""
+        if not request.input_ids:
+            raise InvalidRequestError("GenerateRequest.input_ids must not be empty")
+        t0 = time.monotonic()
+        sp = request.sampling
+        rid = request.rid or uuid.uuid4().hex
+        prompt = list(request.input_ids)
+        out_ids: list[int] = []
+        out_lps: list[float] = []
+        out_versions: list[int] = []
+        interruptions = idle_aborts = segment = 0
+        server: str | None = None
+        finish = "length"
+        self.counters["requests"] += 1
+        try:
+            while True:
+                remaining = sp.max_new_tokens - len(out_ids)
+                if remaining <= 0:
+                    finish = "length"
+                    break
+                if self._closed:
+                    finish = "abort"
+                    break
+                payload = build_generate_payload(
+                    prompt + out_ids,
+                    max_new_tokens=remaining,
+                    temperature=sp.temperature,
+                    top_p=sp.top_p,
+                    top_k=sp.top_k,
+                    min_p=sp.min_p,
+                    stop_token_ids=sp.stop_token_ids,
+                    ignore_eos=sp.ignore_eos,
+                    skip_special_tokens=sp.skip_special_tokens,
+                    sampling_seed=sp.sampling_seed,
+                    return_logprob=True,
+                )
+                server, out, segment, failovers = await self._send(rid, payload, segment, prefer=server)
+                interruptions += failovers
+                self._append(out, out_ids, out_lps, out_versions)
+                if out.finish_type != "abort":
+                    finish = out.finish_type if out.finish_type in ("stop", "length") else "stop"
+                    break
+                interruptions += 1
+                self.counters["interruptions"] += 1
+                idle_aborts = 0 if out.output_ids else idle_aborts + 1
+                if idle_aborts > self.max_idle_aborts:
+                    raise InferenceError(
+                        f"rid {rid}: aborted {idle_aborts} times in a row without progress on {server} "
+                        f"(last: {out.finish_reason.get('message')!r})"
+                    )
+                if idle_aborts > 1:  # not a pause (the pause gate would hold us): back off
+                    await asyncio.sleep(min(self.retry_backoff_s * 2 ** (idle_aborts - 2), 5.0))
+        except asyncio.CancelledError:
+            if server is not None:  # best effort: free the server's slot for this rid
+                task = asyncio.get_running_loop().create_task(self._abort_quietly(server, rid))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            raise
+        return GenerateResult(
+            rid=rid,
+            input_ids=prompt,
+            output_ids=out_ids,
+            output_logprobs=out_lps,
+            output_versions=out_versions,
+            finish_reason=finish,  # type: ignore[arg-type]
+            n_interruptions=interruptions,
+            latency_s=time.monotonic() - t0,
+            server=server or "",
+        )
+
+    def _append(self, out: GenerateOutput, ids: list[int], lps: list[float], versions: list[int]) -> None:
+        if out.output_token_logprobs is None:
+            raise InferenceError(f"server reply for {out.rid} has no output_token_logprobs")
+        ids.extend(out.output_ids)
+        lps.extend(out.output_token_logprobs)
+        cache: dict[str, int] = {}
+        for v in out.token_versions:
+            if v not in cache:
+                cache[v] = self._parse_version(v)
+            versions.append(cache[v])
+
+    async def _send(
+        self, rid: str, payload: dict[str, Any], segment: int, *, prefer: str | None
+    ) -> tuple[str, GenerateOutput, int, int]:
+        """One segment with retries and failover; returns ``(server, reply, next_segment, n_failovers)``."""
+        errors: list[str] = []
+        for round_ in range(self.max_retries + 1):
+            tried: set[str] = set()
+            while True:
+                addr = (
+                    prefer
+                    if prefer is not None and prefer not in tried and not self.pool.is_down(prefer)
+                    else None
+                )
+                addr = addr or self.pool.pick(rid, exclude=tried)
+                if addr is None:
+                    break
+                tried.add(addr)
+                payload["rid"] = f"{rid}-{segment}"
+                segment += 1
+                self.counters["segments"] += 1
+                self.pool.acquire(addr)
+                try:
+                    out = await self._post_generate(addr, payload)
+                except _Transient as e:
+                    errors.append(str(e))
+                    logger.warning("rid %s on %s: %s; trying another server", rid, addr, e)
+                    if e.down:
+                        self.pool.mark_down(addr)
+                    self.counters["failovers"] += 1
+                    self.metrics.log({"inference/failovers": float(self.counters["failovers"])})
+                    prefer = None
+                    continue
+                finally:
+                    self.pool.release(addr)
+                self.pool.mark_up(addr)
+                self.pool.remember(rid, addr)
+                return addr, out, segment, len(errors)
+            if round_ < self.max_retries:
+                self.counters["retries"] += 1
+                await asyncio.sleep(self.retry_backoff_s * 2**round_)
+        raise ServerUnavailableError(
+            f"rid {rid}: no server completed the request after {self.max_retries + 1} rounds over "
+            f"{len(self.pool.addresses)} server(s); last errors: {errors[-3:]}"
+        )
+
+    async def _post_generate(self, addr: str, payload: dict[str, Any]) -> GenerateOutput:
+        session = self._get_session()
+        try:
+            async with session.post(base_url(addr) + ROUTE_GENERATE, json=payload) as resp:
+                status = resp.status
+                raw = await resp.read()
+        except aiohttp.ConnectionTimeoutError as e:
+            raise _Transient(f"connect timeout: {e}", down=True) from None
+        except TimeoutError:
+            await self._abort_quietly(addr, payload["rid"])
+            raise _Transient(f"no reply within {self.request_timeout_s}s", down=False) from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+            raise _Transient(f"connection failed: {type(e).__name__}: {e}", down=True) from None
+        try:
+            body: Any = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = raw.decode(errors="replace")
+        if status == 200:
+            try:
+                return parse_generate_response(body)
+            except (InvalidRequestError, KeyError, TypeError, ValueError) as e:
+                raise _Transient(f"malformed reply: {e}", down=False) from None
+        if status in _RETRYABLE_STATUS:
+            raise _Transient(f"HTTP {status}: {error_message(body)}", down=status == 503)
+        raise InvalidRequestError(f"{addr} rejected the request (HTTP {status}): {error_message(body)}")
+
+    async def _abort_quietly(self, addr: str, rid: str) -> None:
+        try:
+            session = self._get_session()
+            async with session.post(
+                base_url(addr) + ROUTE_ABORT, json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=5)
+            ):
+                pass
+        except Exception as e:  # best effort
+            logger.debug("abort of %s on %s failed: %s", rid, addr, e)
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._session_loop is not loop:
+            self._session = aiohttp.ClientSession(
+                headers=auth_headers(self.api_key),
+                timeout=aiohttp.ClientTimeout(
+                    total=self.request_timeout_s, sock_connect=self.connect_timeout_s
+                ),
+                connector=aiohttp.TCPConnector(limit=0),
+            )
+            self._session_loop = loop
+        return self._session
+
+    # --- pause / resume (synchronous baseline) -----------------------------------------------------------------
+
+    async def apause(self, mode: PauseMode = "abort") -> None:
+        """``/pause_generation`` on every server; in-flight calls return aborted and are resumed later."""
+        await asyncio.gather(*(self._acontrol(a, ROUTE_PAUSE, {"mode": mode}) for a in self.pool.addresses))
+
+    async def aresume(self) -> None:
+        await asyncio.gather(*(self._acontrol(a, ROUTE_CONTINUE, {}) for a in self.pool.addresses))
+
+    async def _acontrol(self, addr: str, route: str, body: dict[str, Any]) -> None:
+        try:
+            async with self._get_session().post(base_url(addr) + route, json=body) as resp:
+                if resp.status != 200:
+                    raise InferenceError(
+                        f"{addr}{route} -> HTTP {resp.status}: {error_message(await resp.text())}"
+                    )
+        except aiohttp.ClientConnectionError as e:
+            raise ServerUnavailableError(f"{addr}{route}: {e}") from None
+
+    def pause(self, mode: PauseMode = "abort") -> None:
+        """Blocking ``apause`` for code outside the event loop (e.g. the trainer's step hook)."""
+        for a in self.pool.addresses:
+            control_call(
+                a, ROUTE_PAUSE, {"mode": mode}, api_key=self.api_key, timeout_s=self.request_timeout_s
+            )
+
+    def resume(self) -> None:
+        for a in self.pool.addresses:
+            control_call(a, ROUTE_CONTINUE, {}, api_key=self.api_key, timeout_s=self.request_timeout_s)
+
+    async def aclose(self) -> None:
+        """Stop resuming interrupted requests and close the HTTP session."""
+        self._closed = True
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None

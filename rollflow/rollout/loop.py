@@ -1,0 +1,385 @@
+"""The rollout loop: dataset -> WorkflowExecutor -> ShardWriter, until the trainer is done.
+
+What it is: ``run_rollout_loop(cfg, storage, client, ...)``, one coroutine that
+1. loads the train split and checks every row where it enters (``dataset.on_bad_row``: raise a
+   ``DatasetRowError`` naming the row and field, or skip and count);
+2. restores its accounting: ``accepted`` from the groups committed in storage (never 0 after a restart,
+   AReaL #1388), the data cursor and the episodes that were in flight from ``rollout/state-{name}.json``;
+3. runs episodes through the executor under the staleness capacity, writing accepted groups as shards;
+   after every shard commit it persists ``{epoch, position, open, accepted, rejected, failed}``;
+4. stops on the trainer's done marker (``trainer/DONE.json``), ``stop_event``, ``rollout.max_groups``,
+   or after ``rollout.max_epochs`` passes, and returns a ``RolloutSummary``.
+
+The data order: epoch e visits the rows in a permutation seeded by ``(cfg.seed, e)``; a prompt's key is
+``(epoch, position)``. Episodes that were running or uncommitted at a crash (``open`` in the state) are
+re-run first after a restart; an episode whose group committed just before a crash, in the window
+before the state put, may run twice (at most one shard's worth).
+
+What it is not: the checkpoint watcher or the servers (the caller starts them and passes ``version_fn``,
+usually ``client.get_version``); the Prefect task (``tasks/rollout.py``) is a thin adapter over this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rollflow.api.config import ExperimentConfig
+from rollflow.api.errors import DatasetRowError
+from rollflow.api.inference import InferenceClient, SamplingParams
+from rollflow.api.metrics import MetricsSink, NullSink
+from rollflow.api.workflow import RolloutWorkflow, import_string, resolve_workflow
+from rollflow.rollout.executor import WorkflowExecutor
+from rollflow.rollout.staleness import StalenessListener, StalenessManager
+from storage import keys
+from storage.checkpoints import CheckpointStore
+from storage.fs import Storage
+from storage.shard_reader import ShardReader
+from storage.shard_writer import ShardWriter
+
+logger = logging.getLogger(__name__)
+
+STATE_FORMAT = 1
+StopReason = Literal["done", "stop_event", "limit", "epochs"]
+Key = tuple[int, int]  # (epoch, position in that epoch's permutation)
+
+
+@dataclass
+class RolloutSummary:
+    """What one run of the loop did (``total_*`` include what earlier runs of the trial did)."""
+
+    stopped_by: StopReason
+    accepted: int
+    rejected: int
+    failed: int
+    total_accepted: int
+    epoch: int
+    position: int
+    tokens: int
+    tokens_per_s: float
+    elapsed_s: float
+    shards: int
+    bad_rows: int
+    writer: str
+
+
+# --- data ---------------------------------------------------------------------------------------------
+
+
+def check_row(row: Any) -> str | None:
+    """None if ``row`` is a usable prompt row, else ``"field 'x': why"``."""
+    if not isinstance(row, dict):
+        return f"row is a {type(row).__name__}, not a mapping"
+    if not isinstance(row.get("prompt_id"), (str, int)) or isinstance(row.get("prompt_id"), bool):
+        return "field 'prompt_id': missing or not a string/int"
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "field 'messages': missing or not a non-empty list"
+    for j, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            return f"field 'messages[{j}]': needs string 'role' and 'content'"
+    if "answer" not in row or row["answer"] is None:
+        return "field 'answer': missing"
+    return None
+
+
+def checked_rows(
+    rows: Sequence[Any], *, split: str, on_bad_row: Literal["error", "skip"]
+) -> tuple[list[dict], int]:
+    """Rows that pass ``check_row``, and how many were skipped; raise on the first bad one in error mode."""
+    good: list[dict] = []
+    bad = 0
+    for i, row in enumerate(rows):
+        problem = check_row(row)
+        if problem is None:
+            good.append(row)
+            continue
+        if on_bad_row == "error":
+            raise DatasetRowError(
+                f"{split} row {i}: {problem} (fix the data, or set dataset.on_bad_row=skip to skip such rows)"
+            )
+        bad += 1
+        logger.warning("skipping %s row %d: %s", split, i, problem)
+    if not good:
+        raise DatasetRowError(f"{split} split has no usable rows ({bad} malformed)")
+    return good, bad
+
+
+class PromptCursor:
+    """Iterator of ``((epoch, position), row)``: first the replayed keys, then epoch by epoch."""
+
+    def __init__(
+        self,
+        rows: Sequence[dict],
+        *,
+        seed: int,
+        max_epochs: int | None,
+        epoch: int = 0,
+        position: int = 0,
+        replay: Sequence[Key] = (),
+    ) -> None:
+        self.rows = rows
+        self.seed = seed
+        self.max_epochs = max_epochs
+        self.epoch = epoch
+        self.position = position
+        self._replay = list(replay)
+        self._order = self._permutation(epoch)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(len(self.rows)))
+        random.Random(f"{self.seed}-{epoch}").shuffle(order)
+        return order
+
+    @property
+    def exhausted(self) -> bool:
+        """Nothing left to hand out (only with ``max_epochs``)."""
+        if self._replay or self.max_epochs is None:
+            return False
+        at_end = self.position >= len(self.rows)
+        return self.epoch >= self.max_epochs or (at_end and self.epoch + 1 >= self.max_epochs)
+
+    def __iter__(self) -> PromptCursor:
+        return self
+
+    def __next__(self) -> tuple[Key, dict]:
+        while self._replay:
+            epoch, pos = self._replay.pop(0)
+            if 0 <= pos < len(self.rows):
+                order = self._order if epoch == self.epoch else self._permutation(epoch)
+                return (epoch, pos), self.rows[order[pos]]
+        if self.position >= len(self.rows):
+            self.epoch, self.position = self.epoch + 1, 0
+            self._order = self._permutation(self.epoch)
+        if self.max_epochs is not None and self.epoch >= self.max_epochs:
+            raise StopIteration
+        key = (self.epoch, self.position)
+        self.position += 1
+        return key, self.rows[self._order[key[1]]]
+
+
+# --- building from config -----------------------------------------------------------------------------
+
+
+def sampling_params(cfg: ExperimentConfig) -> SamplingParams:
+    g = cfg.rollout.generation
+    return SamplingParams(
+        max_new_tokens=g.max_new_tokens,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        min_p=g.min_p,
+        stop_token_ids=list(g.stop_token_ids),
+    )
+
+
+def build_workflow(cfg: ExperimentConfig, *, tokenizer: Any = None) -> RolloutWorkflow:
+    """``rollout.workflow`` built with the standard kwargs it accepts, plus ``rollout.workflow_kwargs``.
+
+    Standard kwargs: reward_fn, tokenizer (default: ``model.path``), sampling, group_size,
+    reward_workers, reward_timeout_s. A class without ``**kwargs`` only gets those it names.
+    """
+    cls = import_string(cfg.rollout.workflow)
+    standard: dict[str, Any] = {
+        "reward_fn": cfg.dataset.reward_fn,
+        "tokenizer": tokenizer if tokenizer is not None else cfg.model.path,
+        "sampling": sampling_params(cfg),
+        "group_size": cfg.rollout.group_size,
+        "reward_workers": cfg.rollout.reward_workers,
+        "reward_timeout_s": cfg.rollout.reward_timeout_s,
+    }
+    if isinstance(cls, type):
+        params = {} if cls.__init__ is object.__init__ else inspect.signature(cls.__init__).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            standard = {k: v for k, v in standard.items() if k in params}
+    return resolve_workflow(cls, **{**standard, **cfg.rollout.workflow_kwargs})
+
+
+# --- the loop -----------------------------------------------------------------------------------------
+
+
+async def run_rollout_loop(
+    cfg: ExperimentConfig,
+    storage: Storage,
+    client: InferenceClient,
+    *,
+    version_fn: Callable[[], int] | None = None,
+    stop_event: threading.Event | None = None,
+    metrics: MetricsSink | None = None,
+    writer_name: str = "rollout",
+    workflow: RolloutWorkflow | None = None,
+    prompts: Sequence[Any] | None = None,
+    listeners: Sequence[StalenessListener] = (),
+    poll_interval_s: float = 0.2,
+    done_poll_s: float = 2.0,
+    metrics_interval_s: float = 5.0,
+) -> RolloutSummary:
+    """Run until done/stop/limit/epochs (see the module docstring). ``workflow``/``prompts`` override
+    the ones built from ``cfg`` (tests, notebooks); ``listeners`` see every StalenessManager event.
+    Raises ``RolloutFailureError`` or ``DatasetRowError``.
+    """
+    t0 = time.monotonic()
+    metrics = metrics or NullSink()
+    version_fn = version_fn or client.get_version
+    split = cfg.dataset.train_split
+    if prompts is None:
+        from rollflow.data import load_prompts
+
+        prompts = await asyncio.to_thread(load_prompts, cfg.dataset, split)
+    rows, bad_rows = checked_rows(prompts, split=split, on_bad_row=cfg.dataset.on_bad_row)
+
+    state_key = keys.rollout_state_key(writer_name)
+    state = await asyncio.to_thread(_load_state, storage, state_key)
+    committed = await asyncio.to_thread(lambda: ShardReader(storage).count_committed_groups())
+    staleness = StalenessManager(
+        cfg.rollout.max_concurrent_rollouts,
+        cfg.rollout.max_staleness,
+        cfg.train.batch_size,
+        listeners=listeners,
+    )
+    staleness.restore(accepted=committed, rejected=int(state.get("rejected", 0)))
+    replay = [tuple(k) for k in state.get("open", [])]
+    cursor = PromptCursor(
+        rows,
+        seed=cfg.seed,
+        max_epochs=cfg.rollout.max_epochs,
+        epoch=int(state.get("epoch", 0)),
+        position=int(state.get("position", 0)),
+        replay=replay,  # type: ignore[arg-type]
+    )
+    logger.info(
+        "rollout %s starts: %d rows (%d bad), %d groups committed, epoch %d position %d, %d to replay",
+        writer_name,
+        len(rows),
+        bad_rows,
+        committed,
+        cursor.epoch,
+        cursor.position,
+        len(replay),
+    )
+
+    owns_workflow = workflow is None
+    if workflow is None:
+        workflow = await asyncio.to_thread(build_workflow, cfg)
+    writer = ShardWriter(
+        storage,
+        writer_name,
+        flush_rows=cfg.rollout.shard_flush_rows,
+        flush_seconds=cfg.rollout.shard_flush_seconds,
+    )
+    failed_before = int(state.get("failed", 0))
+
+    def state_doc(ex: WorkflowExecutor) -> dict[str, Any]:
+        s = staleness.stat
+        return {
+            "format": STATE_FORMAT,
+            "writer": writer_name,
+            "epoch": cursor.epoch,
+            "position": cursor.position,
+            "open": sorted([list(k) for k in ex.open_keys()]),  # type: ignore[arg-type]
+            "accepted": s.accepted,
+            "rejected": s.rejected - ex.stats.failed - ex.stats.cancelled,
+            "failed": failed_before + ex.stats.failed,
+            "updated_at": time.time(),
+        }
+
+    def on_flush(ex: WorkflowExecutor) -> None:  # loop thread, right after a commit
+        ex.submit_io(storage.put_json, state_key, state_doc(ex))
+
+    executor = WorkflowExecutor(
+        workflow,
+        client,
+        staleness,
+        writer=writer,
+        version_fn=version_fn,
+        should_accept_fn=cfg.rollout.should_accept_fn,
+        max_failure_rate=cfg.rollout.max_failure_rate,
+        on_flush=on_flush,
+    )
+    done_store = CheckpointStore(storage)
+    stopped_by: StopReason | None = None
+    try:
+        async with executor:
+            executor.feed(cursor)
+            last_done = last_metrics = time.monotonic()
+            while stopped_by is None:
+                await asyncio.sleep(poll_interval_s)
+                executor.raise_if_failed()
+                now = time.monotonic()
+                if stop_event is not None and stop_event.is_set():
+                    stopped_by = "stop_event"
+                elif cfg.rollout.max_groups is not None and staleness.stat.accepted >= cfg.rollout.max_groups:
+                    stopped_by = "limit"
+                elif cursor.exhausted and executor.n_running == 0:
+                    stopped_by = "epochs"
+                elif now - last_done >= done_poll_s:
+                    last_done = now
+                    if await asyncio.to_thread(done_store.is_done) is not None:
+                        stopped_by = "done"
+                if now - last_metrics >= metrics_interval_s:
+                    last_metrics = now
+                    _log_metrics(metrics, executor, staleness, workflow, version_fn())
+        executor.raise_if_failed()
+    finally:
+        await asyncio.to_thread(writer.close)
+        await asyncio.to_thread(storage.put_json, state_key, state_doc(executor))
+        if owns_workflow:
+            close = getattr(workflow, "close", None)
+            if close is not None:
+                close()
+    _log_metrics(metrics, executor, staleness, workflow, version_fn())
+    st = executor.stats
+    elapsed = time.monotonic() - t0
+    summary = RolloutSummary(
+        stopped_by=stopped_by or "stop_event",
+        accepted=st.accepted,
+        rejected=st.n_rejected,
+        failed=st.failed,
+        total_accepted=staleness.stat.accepted,
+        epoch=cursor.epoch,
+        position=cursor.position,
+        tokens=st.tokens,
+        tokens_per_s=st.tokens / max(elapsed, 1e-9),
+        elapsed_s=elapsed,
+        shards=writer.stats["shards"],
+        bad_rows=bad_rows,
+        writer=writer.writer_id,
+    )
+    logger.info("rollout %s stopped (%s): %s", writer_name, summary.stopped_by, summary)
+    return summary
+
+
+def _load_state(storage: Storage, key: str) -> dict[str, Any]:
+    try:
+        doc = storage.get_json(key)
+    except FileNotFoundError:
+        return {}
+    if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+        raise ValueError(f"rollout state {key} has an unknown format; delete it to start the data over")
+    return doc
+
+
+def _log_metrics(
+    sink: MetricsSink, ex: WorkflowExecutor, staleness: StalenessManager, workflow: Any, version: int
+) -> None:
+    out = ex.stats.as_metrics()
+    s = staleness.stat
+    out.update(
+        {
+            "running": float(s.running),
+            "groups_total": float(s.accepted),
+            "capacity": float(max(0, staleness.get_capacity(version))),
+            "version": float(version),
+        }
+    )
+    counts = getattr(workflow, "reward_counts", None)
+    if counts is not None:
+        out.update(counts.as_metrics())
+    sink.log(out, step=version)

@@ -1,0 +1,373 @@
+"""``CheckpointWatcher``: polls ``checkpoints/LATEST`` and hot-loads each new version into its servers.
+
+What it is: the piece beside the inference servers that turns a published checkpoint into served
+weights. Each poll, in this order:
+
+1. ``store.resolve_latest()``; nothing newer than what the servers serve -> done;
+2. ``store.fetch(N, cache_dir)`` downloads and verifies (size + sha256) into the local cache **while the
+   servers keep generating**;
+3. per server (in parallel): skip if ``/get_model_info`` already reports ``weight_version == str(N)``;
+   else ``/pause_generation {"mode": "abort"}`` (in-flight requests return their partial output; the client
+   resumes them), ``/update_weights_from_disk {"model_path": <cache dir>, "weight_version": "N"}``, and
+   ``/continue_generation`` (always, also after a failed update);
+4. ``store.ack(N, server_id)`` for each server now serving N, then ``on_update(N)`` once all do.
+
+So generation stops only for the load itself (``pause_s``), never for the trainer's save or the download.
+Records ``publish_to_serving_s`` (COMMIT.json's ``created_at`` -> all servers serve N) and ``pause_s`` in
+``events`` and the metrics sink. A corrupt or missing checkpoint, or a server refusing the weights, is
+logged and recorded as an ``error`` event; the old version keeps serving and the version is retried on
+later polls with exponential backoff (``poll_interval_s * 2**k``, capped at ``max_backoff_s``), while a newer
+version is tried at once.
+
+Runs as a thread in the rollout process (``start()`` / ``stop()``) or as a sidecar next to SGLang::
+
+    python -m rollflow.rollout.watcher --storage-root s3://bucket/runs --experiment E --trial T \\
+        --servers 127.0.0.1:30000[,host:port...] [--cache-dir /ckpt-cache] [--poll-interval-s 1]
+    # API key from $ROLLFLOW_INFERENCE_API_KEY; S3 credentials from the AWS_* variables
+
+What it is not: no generation, no GC of storage (the trainer's ``CheckpointStore.gc`` uses the acks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from rollflow.api.errors import InferenceError, WeightUpdateError
+from rollflow.api.metrics import MetricsSink, NullSink
+from rollflow.api.sglang_protocol import (
+    ROUTE_CONTINUE,
+    ROUTE_MODEL_INFO,
+    ROUTE_PAUSE,
+    ROUTE_UPDATE_WEIGHTS,
+    UpdateWeightFromDiskReqInput,
+)
+from rollflow.rollout.routing import control_call
+
+logger = logging.getLogger(__name__)
+
+API_KEY_ENV = "ROLLFLOW_INFERENCE_API_KEY"
+_VERSION_DIR = re.compile(r"^v(\d{6,})$")
+
+
+class CheckpointSource(Protocol):
+    """What the watcher needs from ``storage.checkpoints.CheckpointStore``."""
+
+    def resolve_latest(self) -> Any | None: ...  # an object with .version: int and .created_at: float
+
+    def fetch(self, version: int, cache_dir: str | Path) -> Path: ...
+
+    def ack(self, version: int, server_id: str) -> None: ...
+
+
+@dataclass
+class WatcherEvent:
+    kind: Literal["update", "error"]
+    version: int
+    at: float  # wall clock (time.time())
+    publish_to_serving_s: float | None = None
+    fetch_s: float | None = None
+    pause_s: float | None = None  # longest pause over the servers
+    servers: list[str] = field(default_factory=list)
+    message: str = ""
+
+
+def default_server_id(address: str) -> str:
+    """A storage-safe id for an ack: ``host_port``, prefixed with this hostname for loopback addresses."""
+    a = re.sub(r"^https?://", "", address).rstrip("/")
+    host = a.rsplit(":", 1)[0]
+    if host in ("127.0.0.1", "localhost", "0.0.0.0", "::1", "[::1]"):
+        a = f"{socket.gethostname()}-{a}"
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", a).lstrip(".-")[:128]
+
+
+class CheckpointWatcher:
+    """Keeps ``servers`` on the newest committed checkpoint of ``store``. Thread-safe reads of state."""
+
+    def __init__(
+        self,
+        store: CheckpointSource,
+        servers: Sequence[str],
+        *,
+        cache_dir: str | Path,
+        poll_interval_s: float = 1.0,
+        api_key: str | None = None,
+        server_ids: Sequence[str] | None = None,
+        on_update: Callable[[int], None] | None = None,
+        metrics: MetricsSink | None = None,
+        request_timeout_s: float = 600.0,
+        keep_cached: int = 2,
+        max_backoff_s: float = 60.0,
+    ) -> None:
+        if not servers:
+            raise ValueError("CheckpointWatcher needs at least one server address")
+        self.store = store
+        self.servers = list(servers)
+        self.server_ids = list(server_ids) if server_ids else [default_server_id(a) for a in self.servers]
+        if len(self.server_ids) != len(self.servers):
+            raise ValueError(f"{len(self.server_ids)} server_ids for {len(self.servers)} servers")
+        self.cache_dir = Path(cache_dir)
+        self.poll_interval_s = poll_interval_s
+        self.api_key = api_key
+        self.on_update = on_update
+        self.metrics: MetricsSink = metrics or NullSink()
+        self.request_timeout_s = request_timeout_s
+        self.keep_cached = max(1, keep_cached)
+        self.max_backoff_s = max_backoff_s
+        self.events: list[WatcherEvent] = []
+        self.serving_version: int | None = None  # the version every server serves
+        self._failures: dict[int, tuple[int, float]] = {}  # version -> (attempts, retry not before)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def errors(self) -> list[WatcherEvent]:
+        with self._lock:
+            return [e for e in self.events if e.kind == "error"]
+
+    # --- one poll ------------------------------------------------------------------------------------------------
+
+    def poll_once(self) -> int | None:
+        """Run one poll (steps 1-4 above); returns the version now served if this poll changed it."""
+        try:
+            ref = self.store.resolve_latest()
+        except Exception as e:
+            logger.warning("cannot read LATEST: %s", e)
+            return None
+        if ref is None:
+            return None
+        v = int(ref.version)
+        if self.serving_version is not None and v <= self.serving_version:
+            return None
+        attempts, not_before = self._failures.get(v, (0, 0.0))
+        if time.monotonic() < not_before:
+            return None
+
+        t0 = time.perf_counter()
+        try:
+            local = self.store.fetch(v, self.cache_dir)
+        except Exception as e:  # CheckpointIntegrityError / CheckpointNotFoundError / storage errors
+            self._fail(v, attempts, f"fetch failed: {type(e).__name__}: {e}")
+            return None
+        fetch_s = time.perf_counter() - t0
+
+        with ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
+            results = list(pool.map(lambda a: self._update_server(a, local, v), self.servers))
+        done = [a for a, (ok, _, _) in zip(self.servers, results, strict=True) if ok]
+        for addr, sid in zip(self.servers, self.server_ids, strict=True):
+            if addr in done:
+                try:
+                    self.store.ack(v, sid)
+                except Exception as e:
+                    logger.warning("ack of v%d for %s failed: %s", v, sid, e)
+        pause_s = max((p for ok, p, _ in results if ok), default=0.0)
+        failed = [f"{a}: {msg}" for a, (ok, _, msg) in zip(self.servers, results, strict=True) if not ok]
+        if failed:
+            self._fail(v, attempts, "; ".join(failed))
+            return None
+
+        created = getattr(ref, "created_at", None)
+        latency = time.time() - float(created) if created else None
+        self._failures.pop(v, None)
+        event = WatcherEvent("update", v, time.time(), latency, fetch_s, pause_s, list(self.servers))
+        with self._lock:
+            self.serving_version = v
+            self.events.append(event)
+        metrics = {"watcher/version": float(v), "watcher/fetch_s": fetch_s, "watcher/pause_s": pause_s}
+        if latency is not None:
+            metrics["watcher/publish_to_serving_s"] = latency
+        self.metrics.log(metrics, step=v)
+        logger.info(
+            "serving v%d on %d server(s): publish->serving %s, fetch %.3fs, pause %.3fs",
+            v, len(self.servers), f"{latency:.3f}s" if latency is not None else "n/a", fetch_s, pause_s,
+        )  # fmt: skip
+        self._prune_cache(v)
+        if self.on_update is not None:
+            try:
+                self.on_update(v)
+            except Exception:
+                logger.exception("on_update(%d) raised", v)
+        return v
+
+    def _update_server(self, addr: str, local: Path, v: int) -> tuple[bool, float, str]:
+        """Pause -> update -> continue one server; returns ``(ok, pause_s, error message)``."""
+        kw: dict[str, Any] = {"api_key": self.api_key, "timeout_s": 30.0}
+        try:
+            info = control_call(addr, ROUTE_MODEL_INFO, **kw)
+            if isinstance(info, dict) and str(info.get("weight_version")) == str(v):
+                return True, 0.0, ""
+            t0 = time.perf_counter()
+            control_call(addr, ROUTE_PAUSE, {"mode": "abort"}, **kw)
+            try:
+                body = UpdateWeightFromDiskReqInput(model_path=str(local), weight_version=str(v)).to_json()
+                try:
+                    reply = control_call(
+                        addr,
+                        ROUTE_UPDATE_WEIGHTS,
+                        body,
+                        api_key=self.api_key,
+                        timeout_s=self.request_timeout_s,
+                    )
+                except InferenceError as e:
+                    reply = getattr(e, "reply", None)
+                    msg = reply.get("message") if isinstance(reply, dict) else str(e)
+                    raise WeightUpdateError(f"update refused: {msg}") from None
+                if not (isinstance(reply, dict) and reply.get("success")):
+                    raise WeightUpdateError(f"update refused: {reply}")
+            finally:
+                control_call(addr, ROUTE_CONTINUE, {}, **kw)
+            return True, time.perf_counter() - t0, ""
+        except InferenceError as e:
+            return False, 0.0, str(e)
+
+    def _fail(self, v: int, attempts: int, message: str) -> None:
+        delay = min(self.poll_interval_s * 2**attempts, self.max_backoff_s)
+        self._failures[v] = (attempts + 1, time.monotonic() + delay)
+        logger.error(
+            "checkpoint v%d not served (attempt %d, retry in %.1fs): %s", v, attempts + 1, delay, message
+        )
+        with self._lock:
+            self.events.append(
+                WatcherEvent("error", v, time.time(), servers=list(self.servers), message=message)
+            )
+            n_errors = sum(1 for e in self.events if e.kind == "error")
+        self.metrics.log({"watcher/errors": float(n_errors)}, step=v)
+
+    def _prune_cache(self, serving: int) -> None:
+        """Delete cached version dirs beyond the newest ``keep_cached`` (never the one being served)."""
+        if not self.cache_dir.is_dir():
+            return
+        versions = sorted(
+            (int(m.group(1)), p)
+            for p in self.cache_dir.iterdir()
+            if p.is_dir() and (m := _VERSION_DIR.match(p.name))
+        )
+        for ver, path in versions[: -self.keep_cached]:
+            if ver != serving:
+                shutil.rmtree(path, ignore_errors=True)
+
+    # --- thread ----------------------------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Poll until ``stop`` (or ``self.stop()``) is set; first poll at once."""
+        stop = stop or self._stop
+        while not stop.is_set() and not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:
+                logger.exception("watcher poll failed")
+            stop.wait(self.poll_interval_s)
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, name="checkpoint-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def wait_for_version(self, version: int, timeout_s: float) -> bool:
+        """Block until all servers serve ``version`` (or newer); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            sv = self.serving_version
+            if sv is not None and sv >= version:
+                return True
+            time.sleep(0.02)
+        return False
+
+
+# --- sidecar CLI ---------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m rollflow.rollout.watcher", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--storage-root", required=True, help="Local path, file://... or s3://bucket/prefix.")
+    p.add_argument("--experiment", required=True)
+    p.add_argument("--trial", required=True)
+    p.add_argument(
+        "--servers", required=True, help="Comma-separated host:port of the servers to keep updated."
+    )
+    p.add_argument(
+        "--server-ids", default=None, help="Comma-separated ack ids (default: derived from addresses)."
+    )
+    p.add_argument(
+        "--cache-dir", default="/tmp/rollflow-ckpt-cache", help="Local cache the servers can read."
+    )
+    p.add_argument("--poll-interval-s", type=float, default=1.0)
+    p.add_argument("--request-timeout-s", type=float, default=600.0, help="Timeout of one weight update.")
+    p.add_argument(
+        "--storage-options", default="{}", help="JSON fsspec options, e.g. '{\"endpoint_url\": ...}'."
+    )
+    p.add_argument(
+        "--wait-servers-s", type=float, default=1800.0, help="Wait this long for /health at start."
+    )
+    p.add_argument("--log-level", default="info")
+    ns = p.parse_args(argv)
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s watcher: %(message)s")
+
+    from storage.checkpoints import CheckpointStore
+    from storage.fs import Storage
+
+    servers = [a.strip() for a in ns.servers.split(",") if a.strip()]
+    ids = [s.strip() for s in ns.server_ids.split(",")] if ns.server_ids else None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    _wait_healthy(servers, ns.wait_servers_s, stop)
+    storage = Storage.open(ns.storage_root, ns.experiment, ns.trial, json.loads(ns.storage_options))
+    watcher = CheckpointWatcher(
+        CheckpointStore(storage),
+        servers,
+        cache_dir=ns.cache_dir,
+        poll_interval_s=ns.poll_interval_s,
+        api_key=os.environ.get(API_KEY_ENV) or None,
+        server_ids=ids,
+        request_timeout_s=ns.request_timeout_s,
+    )
+    logger.info("watching %s for %s", storage, ", ".join(servers))
+    watcher.run(stop)
+    logger.info("stopped; served version %s, %d error(s)", watcher.serving_version, len(watcher.errors))
+    return 0
+
+
+def _wait_healthy(servers: list[str], timeout_s: float, stop: threading.Event) -> None:
+    """Block until every server answers /health (SGLang takes minutes to load a large model)."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(servers)
+    while pending and not stop.is_set():
+        for a in list(pending):
+            try:
+                control_call(a, "/health", timeout_s=5.0)
+                pending.remove(a)
+            except InferenceError:
+                pass
+        if pending:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"servers not healthy after {timeout_s:.0f}s: {pending}")
+            stop.wait(2.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

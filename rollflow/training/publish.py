@@ -1,0 +1,185 @@
+"""Publishing policy checkpoints, in version order, optionally overlapped with the next training step.
+
+What it is: ``CheckpointPublisher``. The trainer hands it a full CPU state dict (a snapshot, already
+copied out of the live parameters) and a version; a worker thread writes a Hugging Face directory
+(config.json, generation_config.json, tokenizer files, safetensors shards) and calls
+``CheckpointStore.publish`` (files, then COMMIT.json, then LATEST). At most one publish is in flight:
+submitting version N+1 first waits for N, so versions are published in order and a failure surfaces at
+the next ``submit`` or ``flush`` as a TrainerError.
+
+Monotonic versions across restarts: ``floor`` is the newest version already in storage when the
+trainer starts; versions <= floor are skipped (a restarted trainer that replays steps since its last
+resume point does not re-publish them with different weights).
+
+What it is not: model gathering (``distributed.full_model_state_dict``) or checkpoint GC policy (it only
+calls ``CheckpointStore.gc`` with the configured ``keep_last``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import save_file
+
+from rollflow.api.errors import TrainerError
+
+logger = logging.getLogger(__name__)
+
+MAX_SHARD_SIZE = "5GB"
+
+
+class CheckpointSink(Protocol):
+    """The part of ``storage.checkpoints.CheckpointStore`` the publisher uses."""
+
+    def staging_dir(self, version: int) -> Path | None: ...
+
+    def publish(
+        self, local_dir: str | Path, version: int, *, step: int | None = None, meta: dict[str, Any] | None = None
+    ) -> Any: ...
+
+    def gc(self, keep_last: int) -> list[int]: ...
+
+
+def tied_aliases(model: torch.nn.Module) -> set[str]:
+    """Names of parameters that alias an earlier one (tied lm_head): dropped from saved weights, as HF does."""
+    seen: dict[int, str] = {}
+    aliases: set[str] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            aliases.add(name)
+        else:
+            seen[id(p)] = name
+    return aliases
+
+
+def write_hf_dir(
+    out_dir: Path,
+    state_dict: dict[str, torch.Tensor],
+    *,
+    config: Any,
+    tokenizer: Any | None,
+    generation_config: Any | None = None,
+    dtype: torch.dtype = torch.float32,
+    architecture: str | None = None,
+) -> None:
+    """A ``from_pretrained``-loadable directory from a state dict, without touching a live model."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = copy.deepcopy(config)
+    cfg.dtype = dtype
+    if architecture:
+        cfg.architectures = [architecture]
+    cfg.save_pretrained(out_dir)
+    if generation_config is not None:
+        generation_config.save_pretrained(out_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+    sd = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state_dict.items()}
+    split = split_torch_state_dict_into_shards(sd, max_shard_size=MAX_SHARD_SIZE)
+    for filename, names in split.filename_to_tensors.items():
+        save_file({n: sd[n] for n in names}, str(out_dir / filename), metadata={"format": "pt"})
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+
+
+class CheckpointPublisher:
+    """Publishes versions in order; ``background=True`` overlaps each upload with the next step."""
+
+    def __init__(
+        self,
+        store: CheckpointSink,
+        *,
+        config: Any,
+        tokenizer: Any | None,
+        generation_config: Any | None = None,
+        architecture: str | None = None,
+        dtype: torch.dtype = torch.float32,
+        floor: int = -1,
+        background: bool = True,
+        keep_last: int | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.tokenizer = tokenizer
+        self.generation_config = generation_config
+        self.architecture = architecture
+        self.dtype = dtype
+        self.floor = floor
+        self.background = background
+        self.keep_last = keep_last
+        self.published: list[int] = []
+        self.last_publish_s = 0.0
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(
+        self, version: int, state_dict: dict[str, torch.Tensor], *, step: int, meta: dict[str, Any] | None = None
+    ) -> bool:
+        """Publish ``version`` (after the previous one finished). False if it is <= floor (skipped)."""
+        if version <= self.floor:
+            logger.info("not publishing v%d: storage already has v%d (replayed step after restart)", version, self.floor)
+            return False
+        self.flush()
+        self.floor = version
+        args = (version, state_dict, step, dict(meta or {}))
+        if self.background:
+            self._thread = threading.Thread(target=self._run, args=args, name=f"publish-v{version}", daemon=True)
+            self._thread.start()
+        else:
+            self._run(*args)
+            self._raise()
+        return True
+
+    def flush(self) -> None:
+        """Wait for the in-flight publish; raise TrainerError if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise TrainerError(f"publishing a checkpoint failed: {err}") from err
+
+    def _run(self, version: int, state_dict: dict[str, torch.Tensor], step: int, meta: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        tmp: Path | None = None
+        try:
+            staging = self.store.staging_dir(version)
+            if staging is None:
+                tmp = Path(tempfile.mkdtemp(prefix=f"rollflow-ckpt-v{version}-"))
+            out = staging if staging is not None else tmp
+            assert out is not None
+            write_hf_dir(
+                out,
+                state_dict,
+                config=self.config,
+                tokenizer=self.tokenizer,
+                generation_config=self.generation_config,
+                dtype=self.dtype,
+                architecture=self.architecture,
+            )
+            self.store.publish(out, version, step=step, meta=meta)
+            self.published.append(version)
+            if self.keep_last:
+                self.store.gc(self.keep_last)
+            self.last_publish_s = time.perf_counter() - t0
+            logger.info("published checkpoint v%d in %.2fs", version, self.last_publish_s)
+        except BaseException as e:  # surfaced by the next submit/flush on the training thread
+            logger.error("publishing checkpoint v%d failed: %s", version, e)
+            self._error = e
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)

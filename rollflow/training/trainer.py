@@ -1,0 +1,436 @@
+"""The training loop: committed trajectory groups in, published policy versions out.
+
+What it is: ``Trainer(cfg, storage, ...).run()``. One step, with ``version`` = training steps applied:
+
+1. take exactly ``train.batch_size`` groups, oldest first, through the reader's exactly-once cursor;
+   groups with head_version < version - rollout.max_staleness are dropped and counted (rank 0 reads,
+   then broadcasts the padded batch to the other ranks as safetensors bytes);
+2. plan: PPO minibatches balanced by tokens, each split across ranks by tokens, each rank's share packed
+   into micro-batches of <= train.max_tokens_per_mb tokens by first-fit decreasing (groups never split);
+3. proximal logprobs (decoupled loss), reference logprobs (kl_ctl > 0), advantages, PPO update(s);
+4. ``version += 1``; every ``checkpoint_every`` versions (and the last) publish a HF checkpoint, the
+   upload overlapping the next step unless rollout.pause_during_training (synchronous baseline);
+5. write ``trainer/consumed/step-{version:08d}.json`` (group ids trained on: the audit trail), a resume
+   point every ``resume_every`` steps, and the step's metrics.
+
+Startup: a fresh run with no checkpoint in storage publishes the initial weights as version 0; a
+restarted run loads the newest resume point (weights, optimizer, scheduler, RNG, cursor, counters) and
+goes on from there. Versions already in storage are never re-published (``publish.py``). At the end the
+final checkpoint is published and ``trainer/DONE.json`` written, so the rollout side stops. A set
+``stop_event`` ends the run after the current step with a resume point and without the done marker.
+
+What it is not: the math (``losses``, ``advantages``, ``kl``), the per-rank passes (``actor``), process
+launch (``run``), or anything Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from rollflow.api.config import ExperimentConfig
+from rollflow.api.errors import TrainerError
+from rollflow.api.metrics import MetricsSink, NullSink
+from rollflow.training import distributed as D
+from rollflow.training.actor import PolicyActor
+from rollflow.training.batching import TrainBatch, build_batch
+from rollflow.training.microbatch import plan_step
+from rollflow.training.optim import build_optimizer, build_scheduler
+from rollflow.training.publish import CheckpointPublisher, tied_aliases
+from rollflow.training.resume import (
+    ResumePoint,
+    capture_rng,
+    find_latest_resume_point,
+    gc_resume_points,
+    load_resume_blobs,
+    load_scheduler_state,
+    read_resume_point,
+    restore_rng,
+    scheduler_state,
+    write_resume_point,
+)
+from rollflow.training.source import BatchCollector
+from storage import keys
+
+logger = logging.getLogger(__name__)
+
+CONSUMED_DIR = f"{keys.TRAINER_DIR}/consumed"
+KEEP_RESUME_POINTS = 2
+
+
+def consumed_key(step: int) -> str:
+    """``trainer/consumed/step-{step:08d}.json``: the groups that step ``step`` trained on."""
+    return f"{CONSUMED_DIR}/step-{step:08d}.json"
+
+
+class TrainerHooks(Protocol):
+    """Called around each step once its batch is in hand (the synchronous baseline pauses rollout here)."""
+
+    def before_step(self, version: int) -> None: ...
+
+    def after_step(self, version: int) -> None: ...
+
+
+@dataclass
+class TrainSummary:
+    final_version: int
+    steps_run: int  # steps run by this process (after any resume)
+    groups_consumed: int  # over the whole run, resumed counters included
+    dropped_stale: int
+    resumed_from: int | None  # version of the resume point loaded, None on a fresh start
+    stopped: bool = False  # stop_event ended the run before train.steps
+    done: bool = False  # the done marker was written
+    published_versions: list[int] = field(default_factory=list)
+    quarantined: int = 0
+    wall_time_s: float = 0.0
+
+
+class Trainer:
+    """See the module docstring. Construct on every rank (torchrun) with the same config."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        storage: Any,
+        *,
+        metrics: MetricsSink | None = None,
+        stop_event: threading.Event | None = None,
+        hooks: TrainerHooks | None = None,
+        dist_ctx: D.DistContext | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.storage = storage
+        self.metrics = metrics or NullSink()
+        self.stop_event = stop_event or threading.Event()
+        self.hooks = hooks
+        self._ctx_given = dist_ctx is not None
+        self.ctx = dist_ctx
+        self.version = 0
+        self.counters = {"groups_consumed": 0, "dropped_stale": 0, "quarantined": 0}
+        self._last_resume_version = -1
+
+    # --- setup --------------------------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        from storage.checkpoints import CheckpointStore
+        from storage.shards import ShardReader
+
+        cfg, tcfg = self.cfg, self.cfg.train
+        hf_logging.disable_progress_bar()
+        torch.set_num_threads(max(1, tcfg.threads))
+        if self.ctx is None:
+            self.ctx = D.init_distributed(tcfg.distributed, timeout_s=max(1800.0, tcfg.data_wait_timeout_s + 600))
+        ctx = self.ctx
+        seed = cfg.seed + ctx.rank
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+
+        path, trust = cfg.model.path, cfg.model.trust_remote_code
+        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust)
+        self.hf_config = model.config
+        self.generation_config = getattr(model, "generation_config", None)
+        self.architecture = type(model).__name__
+        self.tied = tied_aliases(model)
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.ref_model = None
+        if tcfg.kl_ctl > 0:  # the frozen initial policy, always from model.path (also after a resume)
+            ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust)
+            self.ref_model = D.freeze_reference(ref, ctx)
+        self.model = D.wrap_model(model, ctx, bf16=tcfg.dtype == "bfloat16")
+        self.optimizer = build_optimizer(
+            self.model.named_parameters(),
+            lr=tcfg.lr,
+            weight_decay=tcfg.weight_decay,
+            betas=(float(tcfg.adam_betas[0]), float(tcfg.adam_betas[1])),
+        )
+        self.scheduler = build_scheduler(
+            self.optimizer,
+            warmup_steps=tcfg.warmup_steps,
+            total_steps=tcfg.steps,
+            schedule=tcfg.lr_schedule,
+            min_lr_ratio=tcfg.min_lr_ratio,
+        )
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.actor = PolicyActor(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            ctx,
+            tcfg,
+            temperature=cfg.rollout.generation.temperature,
+            pad_id=int(pad_id),
+        )
+        self.store = CheckpointStore(self.storage)
+        self.reader = ShardReader(self.storage) if ctx.is_main else None
+        self.collector = (
+            BatchCollector(self.reader, timeout_s=tcfg.data_wait_timeout_s, stop_event=self.stop_event)
+            if self.reader is not None
+            else None
+        )
+
+    def _startup_plan(self) -> dict[str, Any]:
+        """Rank 0 reads storage once and tells every rank: resume step, newest published version."""
+        plan: dict[str, Any] | None = None
+        if self.ctx.is_main:  # type: ignore[union-attr]
+            point = find_latest_resume_point(self.storage)
+            latest = self.store.resolve_latest()
+            plan = {
+                "resume_step": point.step if point is not None else None,
+                "floor": latest.version if latest is not None else -1,
+            }
+        raw = self.ctx.broadcast_bytes(json.dumps(plan).encode() if plan is not None else None)  # type: ignore[union-attr]
+        return json.loads(raw)
+
+    def _resume(self, step: int) -> None:
+        from storage.shards import ReaderCursor
+
+        ctx = self.ctx
+        assert ctx is not None
+        point = read_resume_point(self.storage, step)
+        model_sd, optim_sd = load_resume_blobs(self.storage, point)
+        D.load_full_state(self.model, self.optimizer, model_sd, optim_sd)
+        del model_sd, optim_sd
+        load_scheduler_state(self.scheduler, point.scheduler)
+        if len(point.rng) == ctx.world_size:
+            restore_rng(point.rng[ctx.rank])
+        else:
+            logger.warning("resume point has RNG for %d ranks, running %d: RNG reseeded", len(point.rng), ctx.world_size)
+        self.version = point.version
+        self._last_resume_version = point.version
+        self.counters.update({k: int(v) for k, v in point.counters.items() if k in self.counters})
+        if self.reader is not None:
+            self.reader.cursor.update(ReaderCursor.from_json(point.cursor))
+            self._drop_replayed_logs(point.version)
+        logger.info("resumed from resume point %d (version %d)", point.step, point.version)
+
+    def _drop_replayed_logs(self, version: int) -> None:
+        for k in self.storage.list(CONSUMED_DIR):
+            digits = k.rsplit("-", 1)[-1].removesuffix(".json")
+            if digits.isdigit() and int(digits) > version:
+                self.storage.delete(k)
+
+    # --- checkpoints and resume points ----------------------------------------------------------------------
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        sd = D.full_model_state_dict(self.model, self.ctx)  # type: ignore[arg-type]  # collective
+        return {k: v for k, v in sd.items() if k not in self.tied}
+
+    def _publish(self, *, wait: bool) -> None:
+        sd = self._snapshot()
+        if self.publisher is not None:
+            meta = {"trainer": "rollflow", "groups_consumed": self.counters["groups_consumed"]}
+            self.publisher.submit(self.version, sd, step=self.version, meta=meta)
+            if wait:
+                self.publisher.flush()
+
+    def _write_resume_point(self) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        model_sd = D.full_model_state_dict(self.model, ctx)  # collectives: every rank takes part
+        optim_sd = D.full_optimizer_state_dict(self.model, self.optimizer, ctx)
+        rngs = [json.loads(b) for b in ctx.all_gather_bytes(json.dumps(capture_rng()).encode())]
+        if ctx.is_main:
+            point = ResumePoint(
+                step=self.version,
+                version=self.version,
+                cursor=self._step_cursor,
+                scheduler=scheduler_state(self.scheduler),
+                optimizer_meta={},
+                rng=rngs,
+                counters=dict(self.counters),
+                world_size=ctx.world_size,
+            )
+            write_resume_point(self.storage, point, model_sd, optim_sd)
+            gc_resume_points(self.storage, keep=KEEP_RESUME_POINTS)
+        self._last_resume_version = self.version
+        ctx.barrier()
+
+    # --- the loop -----------------------------------------------------------------------------------------
+
+    def run(self) -> TrainSummary:
+        t_start = time.perf_counter()
+        try:
+            summary = self._run()
+        finally:
+            if self.ctx is not None and not self._ctx_given:
+                self.ctx.shutdown()
+        summary.wall_time_s = time.perf_counter() - t_start
+        return summary
+
+    def _run(self) -> TrainSummary:
+        self._setup()
+        ctx, cfg, tcfg = self.ctx, self.cfg, self.cfg.train
+        assert ctx is not None
+        plan = self._startup_plan()
+        resumed_from = None
+        if plan["resume_step"] is not None:
+            self._resume(int(plan["resume_step"]))
+            resumed_from = self.version
+        self._step_cursor = self.reader.cursor.to_json() if self.reader is not None else {}
+        self.publisher = None
+        if ctx.is_main:
+            self.publisher = CheckpointPublisher(
+                self.store,
+                config=self.hf_config,
+                tokenizer=self.tokenizer,
+                generation_config=self.generation_config,
+                architecture=self.architecture,
+                dtype=torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32,
+                floor=int(plan["floor"]),
+                background=not cfg.rollout.pause_during_training,
+                keep_last=cfg.storage.keep_checkpoints,
+            )
+        if self.version > int(plan["floor"]):  # version 0 on a fresh start, or a resumed version not yet out
+            self._publish(wait=True)
+        summary = TrainSummary(
+            final_version=self.version, steps_run=0, groups_consumed=0, dropped_stale=0, resumed_from=resumed_from
+        )
+        while self.version < tcfg.steps:
+            if not self._step():
+                summary.stopped = True
+                break
+            summary.steps_run += 1
+        if self.publisher is not None:
+            self.publisher.flush()
+        if summary.stopped:
+            if self.version > self._last_resume_version:
+                self._write_resume_point()
+        elif ctx.is_main:
+            info = {"version": self.version, "steps": tcfg.steps, **self.counters}
+            self.store.mark_done(info)
+            summary.done = True
+            logger.info("training done at version %d", self.version)
+        ctx.barrier()
+        summary.final_version = self.version
+        summary.groups_consumed = self.counters["groups_consumed"]
+        summary.dropped_stale = self.counters["dropped_stale"]
+        summary.quarantined = self.counters["quarantined"]
+        summary.published_versions = list(self.publisher.published) if self.publisher is not None else []
+        return summary
+
+    def _take_batch(self) -> tuple[TrainBatch | None, dict[str, float]]:
+        """Rank 0 collects and pads; every rank gets the same batch (None: stop)."""
+        ctx, cfg = self.ctx, self.cfg
+        assert ctx is not None
+        info: dict[str, float] = {}
+        batch: TrainBatch | None = None
+        if ctx.is_main:
+            got = None
+            if not self.stop_event.is_set():
+                assert self.collector is not None
+                got = self.collector.collect(
+                    cfg.train.batch_size, min_head_version=self.version - cfg.rollout.max_staleness
+                )
+            if got is not None:
+                batch = build_batch(got.groups, pad_id=self.actor.pad_id)
+                info = self._data_metrics(got)
+                self._pending_cursor = self.reader.cursor.to_json()  # type: ignore[union-attr]
+        if not ctx.distributed:
+            return batch, info
+        raw = ctx.broadcast_bytes(batch.to_bytes() if batch is not None else b"")
+        if not raw:
+            return None, info
+        return (batch if batch is not None else TrainBatch.from_bytes(raw)), info
+
+    def _data_metrics(self, got: Any) -> dict[str, float]:
+        heads = [g.head_version for g in got.groups if g.head_version >= 0]
+        lags = [self.version - h for h in heads] or [0]
+        self.counters["groups_consumed"] += len(got.groups)
+        self.counters["dropped_stale"] += got.dropped_stale
+        self.counters["quarantined"] += got.quarantined
+        info = {
+            "staleness_mean": float(np.mean(lags)),
+            "staleness_max": float(max(lags)),
+            "dropped_stale": float(got.dropped_stale),
+            "quarantined": float(got.quarantined),
+            "data_wait_s": got.wait_s,
+        }
+        if got.commit_latency_s:
+            info["commit_to_consume_s"] = float(np.mean(got.commit_latency_s))
+        return info
+
+    def _step(self) -> bool:
+        """One training step; False if stopped before it began."""
+        ctx, cfg, tcfg = self.ctx, self.cfg, self.cfg.train
+        assert ctx is not None
+        batch, info = self._take_batch()
+        if batch is None:
+            return False
+        if self.hooks is not None:
+            self.hooks.before_step(self.version)
+        t0 = time.perf_counter()
+        plans = plan_step(
+            [g.n_tokens for g in batch.groups],
+            n_minibatches=tcfg.ppo_n_minibatches,
+            world_size=ctx.world_size,
+            rank=ctx.rank,
+            max_tokens_per_mb=tcfg.max_tokens_per_mb,
+        )
+        if tcfg.use_decoupled_loss:
+            batch.prox_logp = self.actor.compute_logp(self.model, batch, plans)
+        if self.ref_model is not None:
+            batch.ref_logp = self.actor.compute_logp(self.ref_model, batch, plans)
+        batch.advantages = self.actor.compute_advantages(batch)
+        stats = self.actor.ppo_update(batch, plans)
+        self.version += 1
+        compute_s = time.perf_counter() - t0
+        if ctx.is_main:
+            self._step_cursor = self._pending_cursor
+            self.storage.put_json(
+                consumed_key(self.version),
+                {
+                    "step": self.version,
+                    "groups": [g.group_id for g in batch.groups],
+                    "head_versions": [g.head_version for g in batch.groups],
+                    "dropped_stale": int(info.get("dropped_stale", 0)),
+                },
+            )
+        t1 = time.perf_counter()
+        if self.version % tcfg.checkpoint_every == 0 or self.version == tcfg.steps:
+            self._publish(wait=cfg.rollout.pause_during_training)
+        if self.version % tcfg.resume_every == 0 or self.version == tcfg.steps:
+            self._write_resume_point()
+        step_s = time.perf_counter() - t0
+        if ctx.is_main:
+            metrics = {
+                **stats,
+                **info,
+                "version": float(self.version),
+                "reward_mean": float(batch.rewards.mean().item()),
+                "reward_std": float(batch.rewards.std().item()) if batch.n_seqs > 1 else 0.0,
+                "adv_abs_mean": float(batch.advantages.abs().mean().item()),
+                "groups": float(len(batch.groups)),
+                "seqs": float(batch.n_seqs),
+                "tokens": float(batch.n_tokens),
+                "train_tokens_per_s": batch.n_tokens / max(compute_s, 1e-9),
+                "compute_time_s": compute_s,
+                "checkpoint_time_s": time.perf_counter() - t1,
+                "step_time_s": step_s,
+            }
+            self.metrics.log(metrics, step=self.version)
+            logger.info(
+                "v%d loss=%.4f reward=%.3f kl~%.4f clip=%.3f %.0f tok/s",
+                self.version,
+                stats["loss"],
+                metrics["reward_mean"],
+                stats["approx_kl"],
+                stats["clip_frac"],
+                metrics["train_tokens_per_s"],
+            )
+        if self.hooks is not None:
+            self.hooks.after_step(self.version)
+        return True

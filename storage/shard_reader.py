@@ -1,0 +1,363 @@
+"""`ShardReader`: takes committed trajectory groups oldest first, exactly once, and quarantines bad shards.
+
+The reader trusts only commit records (a shard without one does not exist). Before a shard's groups are
+used it checks, in order: size, sha256, Parquet decodability, schema + schema_version + per-row
+invariants (`validate_table`), and that the row/group counts match the record. A shard failing any check
+is quarantined: its record is copied, with the reason, to `trajectories/quarantine/{commit_id}.json`, the
+error is logged at ERROR and counted, and the commit is marked consumed so it never blocks the reader.
+The shard itself is left in place for a human. Transient I/O errors (anything but a missing key) are
+raised, and leave the cursor untouched: `take` is all-or-nothing.
+
+`ReaderCursor` is the exactly-once state: for each commit, how many of its groups were consumed (groups
+are consumed in file order). The trainer saves `cursor.to_json()` with its resume state and restores it
+with `ReaderCursor.from_json`, so nothing is consumed twice and nothing is skipped.
+
+What this is NOT: a writer or a sampler; `take` is FIFO by (record.created_at, commit_id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from storage import keys
+from storage.commits import CommitRecord
+from storage.errors import CorruptShardError, SchemaMismatchError
+from storage.fs import Storage
+from storage.schema import SCHEMA_VERSION, TrajectoryGroup, table_to_groups, validate_table
+
+logger = logging.getLogger(__name__)
+
+_COMMIT_ID_RE = re.compile(r"^(?P<writer>.+)-(?P<seq>\d{8,})$")
+
+
+@dataclass
+class TakeResult:
+    """What one `take` produced."""
+
+    groups: list[TrajectoryGroup]
+    dropped_stale: int = 0  # groups consumed but not returned: head_version < min_head_version
+    quarantined: int = 0  # commits quarantined during this take
+    commit_latency_s: list[float] = field(default_factory=list)  # now - created_at, per commit first touched
+
+
+class ReaderCursor:
+    """Exactly-once consumption state: commit id -> number of its groups consumed (in file order).
+
+    Fully consumed commits are kept as a set; `to_json` stores them as seq ranges per writer, so the
+    saved cursor stays small over a long run.
+    """
+
+    FORMAT = 1
+
+    def __init__(self) -> None:
+        self._partial: dict[str, int] = {}
+        self._done: set[str] = set()
+
+    def consumed(self, commit_id: str) -> int | None:
+        """Groups consumed so far (0 if untouched), or None if the commit is done."""
+        return None if commit_id in self._done else self._partial.get(commit_id, 0)
+
+    def is_done(self, commit_id: str) -> bool:
+        return commit_id in self._done
+
+    def advance(self, commit_id: str, n: int, total: int) -> None:
+        """Record `n` more groups of `commit_id` consumed; done once `total` are."""
+        if commit_id in self._done:
+            raise ValueError(f"commit {commit_id} is already fully consumed")
+        k = self._partial.get(commit_id, 0) + n
+        if k >= total:
+            self.finish(commit_id)
+        else:
+            self._partial[commit_id] = k
+
+    def finish(self, commit_id: str) -> None:
+        """Mark a commit fully consumed (also used for quarantined ones)."""
+        self._partial.pop(commit_id, None)
+        self._done.add(commit_id)
+
+    def update(self, other: ReaderCursor) -> None:
+        """Replace this cursor's state with `other`'s (in place, so references stay valid)."""
+        self._partial = dict(other._partial)
+        self._done = set(other._done)
+
+    def copy(self) -> ReaderCursor:
+        c = ReaderCursor()
+        c.update(self)
+        return c
+
+    def __len__(self) -> int:
+        return len(self._partial) + len(self._done)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ReaderCursor)
+            and self._partial == other._partial
+            and self._done == other._done
+        )
+
+    def __repr__(self) -> str:
+        return f"ReaderCursor(done={len(self._done)}, partial={len(self._partial)})"
+
+    def to_json(self) -> dict[str, Any]:
+        by_writer: dict[str, list[int]] = defaultdict(list)
+        odd: list[str] = []
+        for cid in self._done:
+            m = _COMMIT_ID_RE.match(cid)
+            if m:
+                by_writer[m.group("writer")].append(int(m.group("seq")))
+            else:
+                odd.append(cid)
+        done: dict[str, list[list[int]]] = {}
+        for w, seqs in by_writer.items():
+            seqs.sort()
+            ranges: list[list[int]] = []
+            for s in seqs:
+                if ranges and s == ranges[-1][1] + 1:
+                    ranges[-1][1] = s
+                else:
+                    ranges.append([s, s])
+            done[w] = ranges
+        return {
+            "format": self.FORMAT,
+            "done": dict(sorted(done.items())),
+            "done_ids": sorted(odd),
+            "partial": dict(sorted(self._partial.items())),
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ReaderCursor:
+        if not isinstance(obj, dict) or obj.get("format") != cls.FORMAT:
+            raise ValueError(f"not a ReaderCursor v{cls.FORMAT} document")
+        c = cls()
+        for w, ranges in obj.get("done", {}).items():
+            for lo, hi in ranges:
+                c._done.update(keys.commit_id(w, s) for s in range(int(lo), int(hi) + 1))
+        c._done.update(str(x) for x in obj.get("done_ids", []))
+        for cid, n in obj.get("partial", {}).items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"cursor: bad count for {cid!r}: {n!r}")
+            c._partial[str(cid)] = n
+        return c
+
+
+class ShardReader:
+    """Lists commit records and takes their groups oldest first, advancing `cursor`."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        cursor: ReaderCursor | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.storage = storage
+        self.cursor = cursor if cursor is not None else ReaderCursor()
+        self._clock = clock
+        self._records: dict[str, CommitRecord] = {}  # record key -> record (records are immutable)
+        self._bad_keys: set[str] = set()  # record keys already quarantined as unreadable
+        self._decoded: OrderedDict[str, list[TrajectoryGroup]] = OrderedDict()  # commit id -> groups
+        self.stats: dict[str, int] = {"groups_read": 0, "dropped_stale": 0, "quarantined": 0, "commits_seen": 0}
+
+    # --- listing ------------------------------------------------------------------------------------------
+
+    def _record_keys(self, min_version: int | None, max_version: int | None) -> list[str]:
+        if min_version is None and max_version is None:
+            return [k for k in self.storage.list(keys.COMMIT_DIR) if k.endswith(".json")]
+        out: list[str] = []
+        for d in self.storage.list_dirs(keys.COMMIT_DIR):
+            v = keys.parse_version_dir(d)
+            if v is None:
+                continue
+            if (min_version is not None and v < min_version) or (max_version is not None and v > max_version):
+                continue
+            out += [k for k in self.storage.list(d) if k.endswith(".json")]
+        return out
+
+    def _read_records(
+        self, key_list: list[str], include_consumed: bool, cursor: ReaderCursor, result: TakeResult | None
+    ) -> list[CommitRecord]:
+        records: list[CommitRecord] = []
+        for key in key_list:
+            cid = key.rsplit("/", 1)[-1][: -len(".json")]
+            if key in self._bad_keys or (not include_consumed and cursor.is_done(cid)):
+                continue
+            rec = self._records.get(key)
+            if rec is None:
+                try:
+                    raw = self.storage.get_bytes(key)
+                except FileNotFoundError:
+                    continue  # deleted between list and get
+                try:
+                    rec = CommitRecord.from_json(json.loads(raw))
+                    if rec.key != key:
+                        raise CorruptShardError(f"record stored at {key} names itself {rec.key}")
+                except (ValueError, CorruptShardError) as e:
+                    self._quarantine(cid, key, None, f"unreadable commit record: {e}", cursor, result)
+                    self._bad_keys.add(key)
+                    continue
+                self._records[key] = rec
+            records.append(rec)
+        records.sort(key=lambda r: (r.created_at, r.commit_id))
+        return records
+
+    def list_commits(
+        self,
+        min_version: int | None = None,
+        max_version: int | None = None,
+        include_consumed: bool = False,
+    ) -> list[CommitRecord]:
+        """Records with min_version <= min_head_version <= max_version, oldest first.
+
+        Only the partitions in range are listed. Unreadable records are quarantined on the way.
+        """
+        return self._read_records(
+            self._record_keys(min_version, max_version), include_consumed, self.cursor, None
+        )
+
+    def count_committed_groups(self) -> int:
+        """Total groups across all readable commit records, consumed or not (rollout restart accounting)."""
+        return sum(r.groups for r in self.list_commits(include_consumed=True))
+
+    # --- taking -------------------------------------------------------------------------------------------
+
+    def take(self, n_groups: int, *, min_head_version: int | None = None) -> TakeResult:
+        """Up to `n_groups` groups, oldest first, advancing the cursor.
+
+        Groups with head_version < min_head_version are consumed and dropped (counted, never returned).
+        All-or-nothing: if a transient error is raised, the cursor is unchanged.
+        """
+        result = TakeResult(groups=[])
+        if n_groups <= 0:
+            return result
+        cursor = self.cursor.copy()
+        stats_before = dict(self.stats)
+        try:
+            self._take(n_groups, min_head_version, cursor, result)
+        except BaseException:
+            self.stats = stats_before
+            raise
+        self.cursor.update(cursor)
+        self.stats["groups_read"] += len(result.groups)
+        self.stats["dropped_stale"] += result.dropped_stale
+        return result
+
+    def _take(
+        self, n: int, min_head: int | None, cursor: ReaderCursor, result: TakeResult
+    ) -> None:
+        records = self._read_records(self._record_keys(None, None), False, cursor, result)
+        now = self._clock()
+        for rec in records:
+            if len(result.groups) >= n:
+                break
+            done = cursor.consumed(rec.commit_id)
+            if done is None:
+                continue
+            if done == 0:
+                self.stats["commits_seen"] += 1
+                result.commit_latency_s.append(max(0.0, now - rec.created_at))
+            if min_head is not None and rec.max_head_version < min_head:
+                # Every remaining group is stale: drop them from the record alone, no download.
+                result.dropped_stale += rec.groups - done
+                cursor.finish(rec.commit_id)
+                self._decoded.pop(rec.commit_id, None)
+                continue
+            try:
+                groups = self._load(rec)
+            except CorruptShardError as e:
+                self._quarantine(rec.commit_id, rec.key, rec, str(e), cursor, result)
+                continue
+            i = done
+            while i < len(groups) and len(result.groups) < n:
+                g = groups[i]
+                i += 1
+                if min_head is not None and g.head_version < min_head:
+                    result.dropped_stale += 1
+                else:
+                    result.groups.append(g)
+            cursor.advance(rec.commit_id, i - done, rec.groups)
+            if cursor.is_done(rec.commit_id):
+                self._decoded.pop(rec.commit_id, None)
+
+    def _load(self, rec: CommitRecord) -> list[TrajectoryGroup]:
+        """Decoded groups of a verified shard (cached while partially consumed); CorruptShardError if bad."""
+        cached = self._decoded.get(rec.commit_id)
+        if cached is not None:
+            return cached
+        if rec.schema_version != SCHEMA_VERSION:
+            raise CorruptShardError(
+                f"foreign schema_version {rec.schema_version} in record (this reader: {SCHEMA_VERSION})"
+            )
+        try:
+            data = self.storage.get_bytes(rec.shard_key)
+        except FileNotFoundError:
+            raise CorruptShardError(f"shard {rec.shard_key} named by the record is missing") from None
+        if len(data) != rec.size:
+            raise CorruptShardError(f"shard size {len(data)} != {rec.size} in the record (truncated?)")
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != rec.sha256:
+            raise CorruptShardError(f"shard sha256 {digest[:16]}... != {rec.sha256[:16]}... in the record")
+        try:
+            table = pq.read_table(pa.BufferReader(data))
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise CorruptShardError(f"shard is not readable Parquet: {e}") from None
+        try:
+            validate_table(table, expected_version=SCHEMA_VERSION)
+        except SchemaMismatchError as e:
+            raise CorruptShardError(f"foreign or invalid shard: {e}") from None
+        groups = table_to_groups(table)
+        if table.num_rows != rec.rows or len(groups) != rec.groups:
+            raise CorruptShardError(
+                f"shard has {table.num_rows} rows / {len(groups)} groups, record says {rec.rows} / {rec.groups}"
+            )
+        self._decoded[rec.commit_id] = groups
+        while len(self._decoded) > 4:
+            self._decoded.popitem(last=False)
+        return groups
+
+    def _quarantine(
+        self,
+        commit_id: str,
+        record_key: str,
+        rec: CommitRecord | None,
+        reason: str,
+        cursor: ReaderCursor,
+        result: TakeResult | None,
+    ) -> None:
+        try:
+            qkey = keys.quarantine_key(commit_id)
+        except ValueError:
+            qkey = keys.quarantine_key("bad-" + hashlib.sha256(commit_id.encode()).hexdigest()[:16])
+        self.storage.put_json(
+            qkey,
+            {
+                "commit_id": commit_id,
+                "record_key": record_key,
+                "record": rec.to_json() if rec is not None else None,
+                "reason": reason,
+                "quarantined_at": time.time(),
+            },
+        )
+        logger.error(
+            "quarantined commit %s (record %s, shard %s): %s; the shard is left in place, see %s",
+            commit_id,
+            record_key,
+            rec.shard_key if rec is not None else "?",
+            reason,
+            qkey,
+        )
+        cursor.finish(commit_id)
+        self._decoded.pop(commit_id, None)
+        self.stats["quarantined"] += 1
+        if result is not None:
+            result.quarantined += 1

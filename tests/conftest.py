@@ -1,0 +1,162 @@
+"""Shared test fixtures: a real moto S3 server on 127.0.0.1 and a `storage` fixture that runs twice.
+
+- `s3_server` (session): `python -m moto.server` in a subprocess on a free loopback port, started once
+  for the whole session and stopped after it. Moto enforces conditional writes (If-None-Match), which
+  the commit protocol relies on. Sets AWS_DEFAULT_REGION=us-east-1 and dummy credentials for the session.
+- `storage_spec` / `storage`: parametrized `local` | `s3` (the s3 case is marked `s3`); every test gets a
+  fresh, unique trial so tests never see each other's keys.
+
+Use from any test package:
+
+    def test_something(storage):            # runs against a tmp dir and against moto
+        storage.put_bytes("a/b", b"x")
+
+    def test_other(storage_spec):           # to open the same trial again (another reader, a subprocess)
+        again = storage_spec.open()
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storage.fs import Storage
+
+S3_BUCKET = "rollflow-test"
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A running moto S3 server; `options` are Storage.open options for it."""
+
+    endpoint_url: str
+    key: str
+    secret: str
+    region: str
+    bucket: str
+    pid: int
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {"endpoint_url": self.endpoint_url, "key": self.key, "secret": self.secret, "region": self.region}
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """Everything needed to open a trial's Storage (also in another process)."""
+
+    root: str
+    experiment: str
+    trial: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def backend(self) -> str:
+        return "s3" if self.root.startswith("s3://") else "local"
+
+    def open(self) -> Storage:
+        return Storage.open(self.root, self.experiment, self.trial, self.options)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"moto server exited early with code {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=0.5).read()
+            return
+        except urllib.error.HTTPError:
+            return  # it answered
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"moto server did not answer on {url} within {timeout}s")
+
+
+def start_moto_server(log_path: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `python -m moto.server` on 127.0.0.1:<free port>; returns (process, endpoint_url)."""
+    last: Exception | None = None
+    for _ in range(3):  # the free port can be taken between probe and bind
+        port = _free_port()
+        out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        endpoint = f"http://127.0.0.1:{port}"
+        try:
+            _wait_http(endpoint + "/", proc, timeout=30)
+            return proc, endpoint
+        except RuntimeError as e:
+            last = e
+            stop_process(proc)
+    raise RuntimeError(f"could not start moto server: {last}")
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM, wait, then SIGKILL, by PID."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A moto S3 server on 127.0.0.1 for the whole session, with bucket `rollflow-test` created."""
+    env = {
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            mp.delenv(k, raising=False)
+        log = tmp_path_factory.mktemp("moto") / "moto.log"
+        proc, endpoint = start_moto_server(log)
+        try:
+            server = S3Server(endpoint, "testing", "testing", "us-east-1", S3_BUCKET, proc.pid)
+            Storage.open(f"s3://{S3_BUCKET}", "x", "x", server.options).ensure_bucket()
+            yield server
+        finally:
+            stop_process(proc)
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def storage_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StorageSpec:
+    """A fresh trial on a local tmp dir or on the session's moto server."""
+    trial = f"t-{uuid.uuid4().hex[:12]}"
+    if request.param == "local":
+        return StorageSpec(str(tmp_path / "store"), "test", trial)
+    server: S3Server = request.getfixturevalue("s3_server")
+    return StorageSpec(f"s3://{server.bucket}/runs", "test", trial, server.options)
+
+
+@pytest.fixture
+def storage(storage_spec: StorageSpec) -> Storage:
+    """`Storage` of a fresh trial, local or S3 (see `storage_spec`)."""
+    return storage_spec.open()

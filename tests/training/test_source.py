@@ -1,0 +1,63 @@
+"""BatchCollector: exact counts, stale accounting, stop and timeout, against a 10-line fake reader."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+
+from rollflow.api.errors import TrainerError
+from rollflow.training.source import BatchCollector
+
+
+@dataclass
+class FakeTake:
+    groups: list
+    dropped_stale: int = 0
+    quarantined: int = 0
+    commit_latency_s: list = field(default_factory=list)
+
+
+class FakeReader:
+    """Serves (group, head_version) pairs in order; a script of how many become visible per call."""
+
+    def __init__(self, items: list[tuple[str, int]], visible: list[int]) -> None:
+        self.items, self.visible, self.pos, self.calls = items, visible, 0, []
+
+    def take(self, n: int, *, min_head_version: int | None = None) -> FakeTake:
+        self.calls.append(n)
+        limit = self.visible.pop(0) if self.visible else len(self.items)
+        out = FakeTake([])
+        while self.pos < limit and len(out.groups) < n:
+            gid, head = self.items[self.pos]
+            self.pos += 1
+            if min_head_version is not None and head < min_head_version:
+                out.dropped_stale += 1
+            else:
+                out.groups.append(gid)
+        return out
+
+
+def test_collects_exactly_n_across_polls_and_counts_stale() -> None:
+    items = [("a", 5), ("old", 1), ("b", 5), ("c", 6), ("d", 6)]
+    reader = FakeReader(items, visible=[1, 1, 2, 4, 5])  # trickles in
+    c = BatchCollector(reader, timeout_s=10, poll_interval_s=0.001)
+    got = c.collect(3, min_head_version=3)
+    assert got is not None and got.groups == ["a", "b", "c"] and got.dropped_stale == 1
+    assert reader.pos == 4  # "d" untouched: never more than asked
+    assert all(n <= 3 for n in reader.calls)
+
+
+def test_stop_event_returns_none() -> None:
+    stop = threading.Event()
+    reader = FakeReader([], visible=[])
+    c = BatchCollector(reader, timeout_s=100, poll_interval_s=0.01, stop_event=stop)
+    threading.Timer(0.05, stop.set).start()
+    assert c.collect(2, min_head_version=None) is None
+
+
+def test_timeout_without_new_data_raises() -> None:
+    c = BatchCollector(FakeReader([], visible=[]), timeout_s=0.05, poll_interval_s=0.01)
+    with pytest.raises(TrainerError, match="no new trajectory group"):
+        c.collect(1, min_head_version=None)
