@@ -160,7 +160,9 @@ def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def bench_checkpoints(storage: Storage, model: Any, reps: int, scratch: Path) -> tuple[dict[str, float], dict]:
+def bench_checkpoints(
+    storage: Storage, model: Any, reps: int, scratch: Path
+) -> tuple[dict[str, float], dict]:
     store = CheckpointStore(storage)
     local = storage.is_local
     fns: dict[str, Any] = {}
@@ -242,22 +244,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     args = ap.parse_args()
-    shard_reps, ckpt_reps = (3, 2) if args.quick else (15, 5)
+    shard_reps, ckpt_reps, ckpt_reps_s3 = (3, 2, 1) if args.quick else (15, 5, 3)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
+    import transformers
 
+    transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     t_start = time.perf_counter()
     model = build_model()
     n_params = sum(p.numel() for p in model.parameters())
     figures: dict[str, float] = {}
     details: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "sha256_MBps": round(sha256_throughput()),
         "model_params": n_params,
         "shard_reps": shard_reps,
         "ckpt_reps": ckpt_reps,
+        "ckpt_reps_s3": ckpt_reps_s3,
     }
     with tempfile.TemporaryDirectory(prefix="rollflow-bench-") as tmp:
         tmp_path = Path(tmp)
@@ -270,7 +279,7 @@ def main() -> None:
                 details[f"shards{suffix}"] = d
                 sc = tmp_path / f"scratch{suffix}"
                 sc.mkdir()
-                cf, cd = bench_checkpoints(st, model, ckpt_reps, sc)
+                cf, cd = bench_checkpoints(st, model, ckpt_reps_s3 if suffix else ckpt_reps, sc)
                 details[f"ckpt{suffix}"] = cd
                 for k in ("write_vs_raw", "read_vs_raw"):
                     figures[f"shard_{k}{suffix}"] = f[k]
@@ -279,7 +288,9 @@ def main() -> None:
                 for k in ("write_vs_raw_io", "read_vs_raw_io"):
                     details.setdefault("extra_figures", {})[f"shard_{k}{suffix}"] = f[k]
                 if "publish_copy_vs_raw" in cf:
-                    details.setdefault("extra_figures", {})["ckpt_publish_copy_vs_raw"] = cf["publish_copy_vs_raw"]
+                    details.setdefault("extra_figures", {})["ckpt_publish_copy_vs_raw"] = cf[
+                        "publish_copy_vs_raw"
+                    ]
     extras = details.pop("extra_figures", {})
     figures.update(extras)
     details["medians_s"] = {

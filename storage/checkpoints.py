@@ -191,12 +191,14 @@ class CheckpointStore:
 
     def _hash_local(self, local_dir: Path, names: list[str]) -> dict[str, FileDigest]:
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-            return dict(zip(names, pool.map(lambda n: hash_file(local_dir / n), names)))
+            return dict(zip(names, pool.map(lambda n: hash_file(local_dir / n), names), strict=True))
 
     def _upload(self, local_dir: Path, names: list[str], ck_dir: str) -> dict[str, FileDigest]:
         biggest_first = sorted(names, key=lambda n: -(local_dir / n).stat().st_size)
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-            futures = {n: pool.submit(self.storage.put_file, local_dir / n, f"{ck_dir}/{n}") for n in biggest_first}
+            futures = {
+                n: pool.submit(self.storage.put_file, local_dir / n, f"{ck_dir}/{n}") for n in biggest_first
+            }
             return {n: f.result() for n, f in futures.items()}
 
     @staticmethod
@@ -303,7 +305,9 @@ class CheckpointStore:
             ck_dir = keys.checkpoint_dir(version)
             names = sorted(doc["files"], key=lambda n: -doc["files"][n]["size"])
             with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-                futs = [pool.submit(self._fetch_one, f"{ck_dir}/{n}", tmp / n, n, doc["files"][n]) for n in names]
+                futs = [
+                    pool.submit(self._fetch_one, f"{ck_dir}/{n}", tmp / n, n, doc["files"][n]) for n in names
+                ]
                 for f in futs:
                     f.result()
             (tmp / VERIFIED_MARKER).write_text(json.dumps({"version": version, "commit_sha256": commit_sha}))

@@ -94,12 +94,13 @@ _n_loggers_seen = 0
 def _register_secrets(secrets: tuple[str, ...] = ()) -> None:
     """Remember `secrets`; attach the scrubbing filter to every S3-stack logger created so far.
 
-    Called again before each S3 operation, and cheap then unless new loggers appeared (lazy imports).
+    Called again before each S3 operation; cheap then, unless new secrets or loggers appeared.
     """
     global _n_loggers_seen
-    _SecretFilter.secrets.update(secrets)
+    new = [s for s in secrets if s not in _SecretFilter.secrets]
+    _SecretFilter.secrets.update(new)
     n = len(logging.root.manager.loggerDict)
-    if not _SecretFilter.secrets or (n == _n_loggers_seen and not secrets):
+    if not _SecretFilter.secrets or (n == _n_loggers_seen and not new):
         return
     _n_loggers_seen = n
     names = [k for k in list(logging.root.manager.loggerDict) if k.split(".")[0] in _FILTERED_PREFIXES]
@@ -116,7 +117,7 @@ def _scrubbing(method: _F) -> _F:
     def wrapper(self: Storage, *args: Any, **kwargs: Any) -> Any:
         clean: BaseException | None = None
         if self._secrets:
-            _register_secrets()
+            _register_secrets(self._secrets)  # also after unpickling in another process
         try:
             return method(self, *args, **kwargs)
         except Exception as e:
@@ -354,7 +355,11 @@ class Storage:
             raise CommitConflictError(f"key already exists: {key}") from None
         except OSError as e:
             text = str(e)
-            if "PreconditionFailed" in text or "pre-condition" in text or "ConditionalRequestConflict" in text:
+            if (
+                "PreconditionFailed" in text
+                or "pre-condition" in text
+                or "ConditionalRequestConflict" in text
+            ):
                 raise CommitConflictError(f"key already exists: {key}") from None
             raise
 

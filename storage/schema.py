@@ -68,7 +68,7 @@ _I32_MIN = np.iinfo(np.int32).min
 
 def _head_tail(versions: Sequence[int], loss_mask: Sequence[int]) -> tuple[int, int]:
     """(min, max) of versions over loss tokens, (-1, -1) if there are none."""
-    used = [int(v) for v, m in zip(versions, loss_mask) if m == 1]
+    used = [int(v) for v, m in zip(versions, loss_mask, strict=False) if m == 1]  # lengths: validate()
     return (min(used), max(used)) if used else (-1, -1)
 
 
@@ -95,7 +95,6 @@ class TrajectoryRow:
     @classmethod
     def build(
         cls,
-        *,
         traj_id: str,
         group_id: str,
         prompt_id: str,
@@ -260,13 +259,13 @@ def groups_to_table(groups: Iterable[TrajectoryGroup], *, writer: str | None = N
     return table
 
 
-def _list_column_py(table: pa.Table, name: str) -> tuple[list[Any], list[int]]:
+def _list_column_np(table: pa.Table, name: str) -> tuple[np.ndarray, list[int]]:
+    """(flat values as numpy, row offsets as a Python list) of a list column."""
     arr = table.column(name).combine_chunks()
     if len(arr) == 0:
-        return [], [0]
+        return np.zeros(0), [0]
     offsets = arr.offsets.to_numpy()  # respects a slice offset; .values does not
-    values = arr.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
-    return values.tolist(), (offsets - offsets[0]).tolist()
+    return arr.values.to_numpy(zero_copy_only=False), offsets.tolist()
 
 
 def table_to_groups(table: pa.Table) -> list[TrajectoryGroup]:
@@ -275,16 +274,22 @@ def table_to_groups(table: pa.Table) -> list[TrajectoryGroup]:
     Floats come back as the float32 values that were stored (0.1 -> 0.10000000149011612).
     """
     n = table.num_rows
-    scalars = {
-        f.name: table.column(f.name).to_pylist() for f in TRAJECTORY_SCHEMA if f.name not in _LIST_FIELDS
-    }
-    lists = {name: _list_column_py(table, name) for name in _LIST_FIELDS}
+    scalars = [table.column(f.name).to_pylist() for f in TRAJECTORY_SCHEMA if f.name not in _LIST_FIELDS]
+    scalar_names = [f.name for f in TRAJECTORY_SCHEMA if f.name not in _LIST_FIELDS]
+    (ids_v, ids_o), (mask_v, mask_o), (lp_v, lp_o), (ver_v, ver_o) = (
+        _list_column_np(table, name) for name in _LIST_FIELDS
+    )
     groups: dict[str, TrajectoryGroup] = {}
     for i in range(n):
-        per_token = {}
-        for name, (values, offsets) in lists.items():
-            per_token[name] = values[offsets[i] : offsets[i + 1]]
-        row = TrajectoryRow(**{k: v[i] for k, v in scalars.items()}, **per_token)
+        # per-row numpy .tolist() builds fresh Python objects in one pass (cheaper than slicing one
+        # big list, which touches every object twice)
+        row = TrajectoryRow(
+            input_ids=ids_v[ids_o[i] : ids_o[i + 1]].tolist(),
+            loss_mask=mask_v[mask_o[i] : mask_o[i + 1]].tolist(),
+            logprobs=lp_v[lp_o[i] : lp_o[i + 1]].tolist(),
+            versions=ver_v[ver_o[i] : ver_o[i + 1]].tolist(),
+            **{k: col[i] for k, col in zip(scalar_names, scalars, strict=True)},
+        )
         g = groups.get(row.group_id)
         if g is None:
             g = groups[row.group_id] = TrajectoryGroup(row.group_id, row.prompt_id, [])
@@ -364,13 +369,14 @@ def _validate_rows(table: pa.Table) -> None:
     starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
     nonempty = lengths > 0
-    head = np.full(len(lengths), -1, dtype=np.int64)
-    tail = np.full(len(lengths), -1, dtype=np.int64)
+    head = np.full(len(lengths), -1, dtype=np.int32)
+    tail = np.full(len(lengths), -1, dtype=np.int32)
     if versions.size:
-        # reduceat over each row's slice; empty rows are masked out afterwards.
-        mins = np.minimum.reduceat(np.where(on, versions, _I32_MAX).astype(np.int64), starts[nonempty])
-        maxs = np.maximum.reduceat(np.where(on, versions, _I32_MIN).astype(np.int64), starts[nonempty])
-        has_loss = np.add.reduceat(on.astype(np.int64), starts[nonempty]) > 0
+        # reduceat over each non-empty row's slice; rows without loss tokens get -1 below.
+        idx = starts[nonempty]
+        mins = np.minimum.reduceat(np.where(on, versions, np.int32(_I32_MAX)), idx)
+        maxs = np.maximum.reduceat(np.where(on, versions, np.int32(_I32_MIN)), idx)
+        has_loss = np.logical_or.reduceat(on, idx)
         head[nonempty] = np.where(has_loss, mins, -1)
         tail[nonempty] = np.where(has_loss, maxs, -1)
     for name, expect in (("head_version", head), ("tail_version", tail)):
@@ -387,9 +393,9 @@ def _validate_rows(table: pa.Table) -> None:
     if n_turns.size and n_turns.min() < 1:
         raise SchemaMismatchError("n_turns", "values must be >= 1")
     for i, extra in enumerate(table.column("extra").to_pylist()):
+        if extra == "{}":
+            continue
         try:
             json.loads(extra)
         except ValueError:
-            raise SchemaMismatchError(
-                "extra", f"row {i} ({traj_ids[i].as_py()!r}): not valid JSON"
-            ) from None
+            raise SchemaMismatchError("extra", f"row {i} ({traj_ids[i].as_py()!r}): not valid JSON") from None

@@ -64,9 +64,19 @@ class ReaderCursor:
         self._partial: dict[str, int] = {}
         self._done: set[str] = set()
 
-    def consumed(self, commit_id: str) -> int | None:
-        """Groups consumed so far (0 if untouched), or None if the commit is done."""
+    def position(self, commit_id: str) -> int | None:
+        """Groups of `commit_id` consumed so far (0 if untouched), or None once it is fully consumed."""
         return None if commit_id in self._done else self._partial.get(commit_id, 0)
+
+    def consumed(self, commit_id: str, total: int) -> int:
+        """Groups of `commit_id` consumed so far, given its total (from the record)."""
+        p = self.position(commit_id)
+        return total if p is None else p
+
+    @property
+    def n_done(self) -> int:
+        """Number of fully consumed (or quarantined) commits."""
+        return len(self._done)
 
     def is_done(self, commit_id: str) -> bool:
         return commit_id in self._done
@@ -101,9 +111,7 @@ class ReaderCursor:
 
     def __eq__(self, other: object) -> bool:
         return (
-            isinstance(other, ReaderCursor)
-            and self._partial == other._partial
-            and self._done == other._done
+            isinstance(other, ReaderCursor) and self._partial == other._partial and self._done == other._done
         )
 
     def __repr__(self) -> str:
@@ -167,7 +175,12 @@ class ShardReader:
         self._records: dict[str, CommitRecord] = {}  # record key -> record (records are immutable)
         self._bad_keys: set[str] = set()  # record keys already quarantined as unreadable
         self._decoded: OrderedDict[str, list[TrajectoryGroup]] = OrderedDict()  # commit id -> groups
-        self.stats: dict[str, int] = {"groups_read": 0, "dropped_stale": 0, "quarantined": 0, "commits_seen": 0}
+        self.stats: dict[str, int] = {
+            "groups_read": 0,
+            "dropped_stale": 0,
+            "quarantined": 0,
+            "commits_seen": 0,
+        }
 
     # --- listing ------------------------------------------------------------------------------------------
 
@@ -252,15 +265,13 @@ class ShardReader:
         self.stats["dropped_stale"] += result.dropped_stale
         return result
 
-    def _take(
-        self, n: int, min_head: int | None, cursor: ReaderCursor, result: TakeResult
-    ) -> None:
+    def _take(self, n: int, min_head: int | None, cursor: ReaderCursor, result: TakeResult) -> None:
         records = self._read_records(self._record_keys(None, None), False, cursor, result)
         now = self._clock()
         for rec in records:
             if len(result.groups) >= n:
                 break
-            done = cursor.consumed(rec.commit_id)
+            done = cursor.position(rec.commit_id)
             if done is None:
                 continue
             if done == 0:

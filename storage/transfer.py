@@ -14,6 +14,7 @@ destination atomic (temp file + rename, or the S3 object appearing at CompleteMu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import queue
@@ -50,43 +51,56 @@ def hash_file(path: str | Path, chunk_size: int = CHUNK_SIZE) -> FileDigest:
 
 
 def copy_hashed(src: BinaryIO, dst: BinaryIO, chunk_size: int = CHUNK_SIZE) -> FileDigest:
-    """Copy `src` to `dst`; a reader thread reads and hashes chunk i+1 while this thread writes chunk i."""
-    q: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=3)
-    h = hashlib.sha256()
-    size = 0
+    """Copy `src` to `dst`; a reader thread reads and hashes chunk i+1 while this thread writes chunk i.
+
+    Three reused buffers circulate between the threads, so no chunk-sized allocation (and page faults)
+    happens per chunk. A file of at most one chunk is copied inline, without the thread.
+    """
+    first = src.read(chunk_size)
+    if len(first) < chunk_size:
+        dst.write(first)
+        return FileDigest(len(first), hashlib.sha256(first).hexdigest())
+    h = hashlib.sha256(first)
+    size = len(first)
+    dst.write(first)
+    del first
+    free: queue.Queue[bytearray] = queue.Queue()
+    for _ in range(3):
+        free.put(bytearray(chunk_size))
+    full: queue.Queue[tuple[bytearray, int] | BaseException | None] = queue.Queue()
     stop = threading.Event()
 
     def reader() -> None:
         nonlocal size
         try:
             while not stop.is_set():
-                b = src.read(chunk_size)
-                if not b:
+                buf = free.get()
+                n = src.readinto(buf)  # type: ignore[attr-defined]
+                if not n:
                     break
-                h.update(b)  # hashlib releases the GIL on large buffers
-                size += len(b)
-                q.put(b)
-            q.put(None)
-        except BaseException as e:  # handed to the writer thread, re-raised there
-            q.put(e)
+                h.update(memoryview(buf)[:n])  # hashlib releases the GIL on large buffers
+                size += n
+                full.put((buf, n))
+            full.put(None)
+        except BaseException as e:  # handed to the writing thread, re-raised there
+            full.put(e)
 
     t = threading.Thread(target=reader, name="copy-hashed-reader", daemon=True)
     t.start()
     try:
         while True:
-            item = q.get()
+            item = full.get()
             if item is None:
                 break
             if isinstance(item, BaseException):
                 raise item
-            dst.write(item)
+            buf, n = item
+            dst.write(memoryview(buf)[:n])
+            free.put(buf)
     finally:
         stop.set()
-        while t.is_alive():  # unblock a reader waiting on a full queue
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                t.join(timeout=0.01)
+        free.put(bytearray(0))  # wake a reader waiting for a buffer; a 0-byte readinto ends it
+        t.join()
     return FileDigest(size, h.hexdigest())
 
 
@@ -155,10 +169,8 @@ def upload_hashed(
                 MultipartUpload={"Parts": parts},
             )
         except BaseException:
-            try:
+            with contextlib.suppress(Exception):  # the original error matters more
                 fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
-            except Exception:  # the original error matters more
-                pass
             raise
     return FileDigest(size, h.hexdigest())
 
@@ -231,10 +243,8 @@ def download_hashed(
     finally:
         stop.set()
         while not fut.done():  # unblock a producer waiting on a full queue
-            try:
+            with contextlib.suppress(queue.Empty):
                 q.get(timeout=0.05)
-            except queue.Empty:
-                pass
     return FileDigest(got, h.hexdigest())
 
 

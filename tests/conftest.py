@@ -49,7 +49,12 @@ class S3Server:
 
     @property
     def options(self) -> dict[str, Any]:
-        return {"endpoint_url": self.endpoint_url, "key": self.key, "secret": self.secret, "region": self.region}
+        return {
+            "endpoint_url": self.endpoint_url,
+            "key": self.key,
+            "secret": self.secret,
+            "region": self.region,
+        }
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,25 @@
 """WorkflowExecutor: runs rollout episodes concurrently on one event loop, within the staleness capacity.
 
-What it is: the producer half of AReaL's WorkflowExecutor, rebuilt as one asyncio scheduler task.
-Per tick it (1) starts episodes while ``StalenessManager.try_submit`` grants capacity and the executor
-is not paused, taking inputs first from ``submit``-ted rows, then lazily from a ``feed``-ed source (so a
-data cursor only moves when an episode really starts); (2) waits for any episode to finish (or
-``poll_interval_s``, so a new trainer version re-opens capacity); (3) judges each finished episode and
-hands accepted groups to the shard writer, flushing it periodically.
+What it is: AReaL's WorkflowExecutor as one asyncio scheduler task. Per tick it (1) starts episodes
+while ``StalenessManager.try_submit`` grants capacity and it is not paused, taking ``asubmit``-ted rows
+first, then pulling lazily from a ``feed``-ed source (a data cursor moves only when an episode starts);
+(2) waits for an episode to finish, or ``poll_interval_s`` (a new version re-opens capacity); (3) judges
+each finished episode:
+- failed   -- ``arun_episode`` raised or returned a malformed group: counted and logged; above
+              ``max_failure_rate`` (after ``min_episodes_for_failure``) -> ``RolloutFailureError``
+              quoting the first traceback;
+- rejected -- None, an empty group, ``should_accept_fn(group)`` is False, or stale:
+              ``head_version < max(version, accepted // B) - max_staleness``, i.e. the oldest-first
+              trainer would eat it more than ``max_staleness`` versions after its first token
+              (``StalenessManager.expected_consumer_version``) and would drop it anyway;
+- accepted -- handed to the shard writer (on one worker thread, in order) and/or returned to callers.
 
-A finished episode is, in this order:
-- failed    -- ``arun_episode`` raised (or returned a malformed group): counted and logged; when more
-               than ``max_failure_rate`` of at least ``min_episodes_for_failure`` episodes failed the
-               executor stops with ``RolloutFailureError`` quoting the first traceback;
-- rejected  -- it returned None or an empty group, ``should_accept_fn(group)`` said no, or it is stale:
-               ``head_version < max(version, accepted // B) - max_staleness``, i.e. the oldest-first
-               trainer would consume it more than ``max_staleness`` versions after its first token
-               (see ``StalenessManager.expected_consumer_version``); the trainer would drop it anyway;
-- accepted  -- written (``writer.add``) and, for ``rollout_batch`` / ``prepare_batch`` callers, returned.
+Drive it inside a loop (``async with executor:``, then ``feed``/``asubmit``/``arollout_batch``/
+``aprepare_batch``/``await_idle``), or from synchronous code (embedded single-process mode):
+``start_in_thread()``, then ``rollout_batch``/``prepare_batch``/``submit``/``wait``/``stop``.
 
-Two ways to drive it:
-- inside a running loop: ``async with executor: ...`` then ``feed``/``asubmit``/``arollout_batch``/
-  ``aprepare_batch``/``await_idle``;
-- from synchronous code (embedded single-process mode): ``start_in_thread()`` then ``rollout_batch``,
-  ``prepare_batch``, ``submit``, ``wait``, ``stop``. The loop then lives in a daemon thread.
-
-What it is not: it does not read datasets, storage or checkpoints (``rollflow.rollout.loop`` does), and
-it does not build trajectories (the workflows do).
+What it is not: no datasets, storage layout or checkpoints (``rollflow.rollout.loop``), no trajectory
+building (the workflows).
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future as ConcurrentFuture
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol
 
 from rollflow.api.errors import RolloutFailureError
 from rollflow.api.inference import InferenceClient
@@ -50,17 +45,12 @@ from storage.schema import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 RejectReason = Literal["none", "empty", "filtered", "stale"]
 ShouldAcceptFn = Callable[[TrajectoryGroup], bool]
 
 
 class GroupWriter(Protocol):
-    """What the executor needs from ``storage.shard_writer.ShardWriter``.
-
-    Each method returns something truthy (a commit record) when it committed everything buffered so far.
-    The calls block on storage, so the executor makes them from one worker thread, in order.
-    """
+    """``storage.shard_writer.ShardWriter``: each call returns a record (truthy) once all it buffered is committed."""
 
     def add(self, group: TrajectoryGroup) -> Any: ...
 
@@ -142,35 +132,23 @@ class WorkflowExecutor:
         on_flush: Callable[[WorkflowExecutor], None] | None = None,
         collect: bool | None = None,
     ) -> None:
-        """
-        Args:
-            workflow: runs one episode per dataset row.
-            client: passed to ``workflow.arun_episode``; also the default version source.
-            staleness: capacity and counters (restore it before starting after a restart).
-            writer: accepted groups go here (``add``; ``maybe_flush`` every tick; ``flush`` on close).
-            version_fn: trainer version served; default ``client.get_version``.
-            should_accept_fn: ``fn(group) -> bool`` or an import string; False rejects the group.
-            max_failure_rate: stop when failed / finished exceeds this ...
-            min_episodes_for_failure: ... once at least this many episodes finished.
-            poll_interval_s: longest wait between capacity checks (a new version re-opens capacity).
-            max_write_failures: consecutive failed writer calls before the executor gives up.
-            on_flush: called on the loop thread after the writer committed something (persist state).
-            collect: keep accepted groups for ``wait``/``prepare_batch``; default: when no writer.
+        """``writer`` gets accepted groups (calls made in order on one worker thread); ``version_fn``
+        defaults to ``client.get_version``; ``should_accept_fn`` is ``fn(group) -> bool`` or its import
+        string; the executor stops when more than ``max_failure_rate`` of at least
+        ``min_episodes_for_failure`` finished episodes raised, or after ``max_write_failures`` failed
+        writer calls in a row; ``poll_interval_s`` bounds the wait between capacity checks (a new
+        version re-opens capacity); ``on_flush(executor)`` runs on the loop thread after each commit;
+        ``collect`` keeps accepted groups for ``wait``/``prepare_batch`` (default: when no writer).
         """
         if not 0 < max_failure_rate <= 1:
             raise ValueError(f"max_failure_rate must be in (0, 1], got {max_failure_rate}")
-        self.workflow = workflow
-        self.client = client
-        self.staleness = staleness
-        self.writer = writer
+        self.workflow, self.client, self.staleness, self.writer = workflow, client, staleness, writer
         self._version_fn = version_fn or client.get_version
         if isinstance(should_accept_fn, str):
             should_accept_fn = import_string(should_accept_fn)
         self._should_accept = should_accept_fn
-        self.max_failure_rate = max_failure_rate
-        self.min_episodes_for_failure = min_episodes_for_failure
-        self.poll_interval_s = poll_interval_s
-        self.max_write_failures = max_write_failures
+        self.max_failure_rate, self.min_episodes_for_failure = max_failure_rate, min_episodes_for_failure
+        self.poll_interval_s, self.max_write_failures = poll_interval_s, max_write_failures
         self._on_flush = on_flush
         self._collect = writer is None if collect is None else collect
         self.stats = ExecutorStats()
@@ -184,20 +162,17 @@ class WorkflowExecutor:
         # Writer calls run in this one thread, in order; _buffered holds (add seq, key) not yet committed.
         self._io: ThreadPoolExecutor | None = None
         self._io_futures: set[asyncio.Future[Any]] = set()
-        self._add_seq = 0
+        self._add_seq = self._io_failures = self._next_key = 0
         self._buffered: collections.deque[tuple[int, Hashable]] = collections.deque()
         self._cancelled_keys: list[Hashable] = []  # cancelled by aclose(): never finished, still open
-        self._flush_inflight = False
-        self._io_failures = 0
+        self._flush_inflight = self._closing = False
         self._results: collections.deque[TrajectoryGroup] = collections.deque()
         self._result_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._idle_waiters: list[asyncio.Future[None]] = []
-        self._next_key = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
-        self._closed: asyncio.Event | None = None
+        self._closed: asyncio.Event | None = None  # set at the end of aclose()
         self._scheduler: asyncio.Task[None] | None = None
-        self._closing = False
         self._error: BaseException | None = None
         self._paused = threading.Event()
         self._thread: threading.Thread | None = None
@@ -236,22 +211,20 @@ class WorkflowExecutor:
         self._poke()
         with contextlib.suppress(asyncio.CancelledError):
             await self._scheduler
-        running = list(self._tasks)
-        for task in running:
+        for task in self._tasks:
             task.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
-        for task in running:
-            ep = self._tasks.pop(task)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        futures = [fut for _, _, fut in self._inputs]
+        for ep in self._tasks.values():
             self._cancelled_keys.append(ep.key)
             self.stats.cancelled += 1
             self.staleness.on_rollout_rejected()
-            if ep.future is not None and not ep.future.done():
-                ep.future.cancel()
-        for _, _, fut in self._inputs:
+            futures.append(ep.future)
+        self._tasks.clear()
+        self._inputs.clear()
+        for fut in futures:
             if fut is not None and not fut.done():
                 fut.cancel()
-        self._inputs.clear()
         if self.writer is not None:
             self._io_call(self.writer.flush, watermark=self._add_seq)
         while self._io_futures:  # the final flush, then whatever on_flush queued after it
@@ -273,11 +246,12 @@ class WorkflowExecutor:
         """``feed`` for plain rows; keys are a running counter."""
         self.feed((self._new_key(), row) for row in rows)
 
-    async def asubmit(self, data: dict[str, Any], *, key: Hashable | None = None) -> asyncio.Future:
-        """Queue one row; the returned future resolves to its accepted group or None (rejected/failed)."""
+    async def asubmit(self, data: dict[str, Any], *, key: Hashable | None = None, track: bool = True) -> Any:
+        """Queue one row. ``track``: return a future of its accepted group or None (rejected/failed);
+        else return None and let the group go to the writer / ``await_results`` like a fed row."""
         self._check_running()
         assert self._loop is not None
-        fut: asyncio.Future[TrajectoryGroup | None] = self._loop.create_future()
+        fut: asyncio.Future[TrajectoryGroup | None] | None = self._loop.create_future() if track else None
         self._inputs.append((self._new_key() if key is None else key, data, fut))
         self.staleness.on_rollout_enqueued()
         self._poke()
@@ -336,10 +310,6 @@ class WorkflowExecutor:
     def paused(self) -> bool:
         return self._paused.is_set()
 
-    @property
-    def error(self) -> BaseException | None:
-        return self._error
-
     def raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
@@ -347,10 +317,6 @@ class WorkflowExecutor:
     @property
     def n_running(self) -> int:
         return len(self._tasks)
-
-    @property
-    def source_exhausted(self) -> bool:
-        return self._source is None and not self._inputs
 
     def open_keys(self) -> list[Hashable]:
         """Keys of episodes started but not committed: running, cancelled by close, or still buffered."""
@@ -390,7 +356,7 @@ class WorkflowExecutor:
         return fut.result(timeout)
 
     def submit(self, data: dict[str, Any]) -> None:
-        self._call(self.asubmit(data))
+        self._call(self.asubmit(data, track=False))
 
     def wait(self, count: int, timeout: float | None = None) -> list[TrajectoryGroup]:
         return self._call(self.await_results(count, timeout))
@@ -425,18 +391,10 @@ class WorkflowExecutor:
             raise RuntimeError("executor is not running")
 
     def _poke(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is None or wake is None:
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            wake.set()
-        else:
+        """Wake the scheduler (from any thread)."""
+        if self._loop is not None and self._wake is not None:
             with contextlib.suppress(RuntimeError):  # loop already closed
-                loop.call_soon_threadsafe(wake.set)
+                self._loop.call_soon_threadsafe(self._wake.set)
 
     def _next_input(self) -> tuple[Hashable, dict[str, Any], asyncio.Future | None] | None:
         if self._inputs:
@@ -468,9 +426,7 @@ class WorkflowExecutor:
                 if self._is_idle():
                     self._resolve(self._idle_waiters, None)
                     self._idle_waiters = []
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # the source raised, or too many episodes failed
+        except Exception as exc:  # the source raised, or too many episodes failed
             if self._error is None:
                 self._error = exc
             logger.error("rollout executor stopped: %s", exc)
@@ -581,11 +537,10 @@ class WorkflowExecutor:
             logger.error("episode %s raised (first failure):\n%s", ep.key, s.first_failure)
         else:
             logger.warning("episode %s raised %s: %s", ep.key, type(exc).__name__, exc)
-        finished = s.finished
-        rate = s.failed / finished
-        if finished >= self.min_episodes_for_failure and rate > self.max_failure_rate:
+        rate = s.failed / s.finished
+        if s.finished >= self.min_episodes_for_failure and rate > self.max_failure_rate:
             raise RolloutFailureError(
-                f"{s.failed} of {finished} rollout episodes raised ({rate:.0%} > "
+                f"{s.failed} of {s.finished} rollout episodes raised ({rate:.0%} > "
                 f"rollout.max_failure_rate={self.max_failure_rate:.0%}); first failure:\n{s.first_failure}"
             )
 
@@ -644,9 +599,8 @@ class WorkflowExecutor:
                 fut.set_result(value)
 
     def _fail_waiters(self, exc: BaseException) -> None:
-        waiters: list[asyncio.Future | None] = [w for _, w in self._result_waiters] + list(self._idle_waiters)
-        waiters += [ep.future for ep in self._tasks.values()]
-        for fut in waiters:
+        waiters = [w for _, w in self._result_waiters] + self._idle_waiters
+        for fut in waiters + [ep.future for ep in self._tasks.values()]:
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
         self._result_waiters, self._idle_waiters = [], []

@@ -39,7 +39,15 @@ from rollflow.training.microbatch import MinibatchPlan
 
 logger = logging.getLogger(__name__)
 
-_SUM_KEYS = ("entropy", "clip_frac", "dual_clip_frac", "behav_masked_frac", "behav_weight_mean", "approx_kl", "kl")
+_SUM_KEYS = (
+    "entropy",
+    "clip_frac",
+    "dual_clip_frac",
+    "behav_masked_frac",
+    "behav_weight_mean",
+    "approx_kl",
+    "kl",
+)
 
 
 class PolicyActor:
@@ -78,7 +86,9 @@ class PolicyActor:
     # --- phase 1: logprobs without grad -------------------------------------------------------------------
 
     @torch.no_grad()
-    def compute_logp(self, model: torch.nn.Module, batch: TrainBatch, plans: list[MinibatchPlan]) -> torch.Tensor:
+    def compute_logp(
+        self, model: torch.nn.Module, batch: TrainBatch, plans: list[MinibatchPlan]
+    ) -> torch.Tensor:
         """Logprobs [B, T] (CPU, float32) of ``model`` on this rank's rows; other rows stay 0.
 
         Every rank runs the same number of forwards (empty micro-batches run a 2-token dummy), which
@@ -96,7 +106,9 @@ class PolicyActor:
                 rows = batch.rows_of(groups)
                 mb = batch.select(rows)
                 with self._autocast():
-                    logp, _ = forward_logprobs(model, mb.input_ids.to(self.ctx.device), temperature=self.temperature)
+                    logp, _ = forward_logprobs(
+                        model, mb.input_ids.to(self.ctx.device), temperature=self.temperature
+                    )
                 t = mb.input_ids.shape[1]
                 out[torch.as_tensor(rows), :t] = logp.float().cpu() * mb.loss_mask
         model.train(was_training)
@@ -193,7 +205,7 @@ class PolicyActor:
         names = ["loss", "n_tok", *_SUM_KEYS]
         red = ctx.all_reduce(torch.stack([sums[k].to("cpu") for k in names]))
         red_max = ctx.all_reduce(w_max.cpu().reshape(1), op="max")
-        total = dict(zip(names, red.tolist()))
+        total = dict(zip(names, red.tolist(), strict=True))
         n_tok = max(1.0, total["n_tok"])
         metrics = {k: total[k] / n_tok for k in _SUM_KEYS}
         if cfg.kl_ctl <= 0:

@@ -52,7 +52,9 @@ def group_advantages(
     ``norm`` applies to GRPO only; RLOO's baseline is unnormalised, as in the paper.
     """
     if rewards.dim() != 1 or group_index.shape != rewards.shape:
-        raise ValueError(f"rewards {tuple(rewards.shape)} and group_index {tuple(group_index.shape)} must be [B]")
+        raise ValueError(
+            f"rewards {tuple(rewards.shape)} and group_index {tuple(group_index.shape)} must be [B]"
+        )
     if rewards.numel() == 0:
         return rewards.clone()
     r = rewards.to(torch.float64)  # [B] float64: group statistics are cheap and must not drift

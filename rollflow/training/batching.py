@@ -168,7 +168,9 @@ def build_batch(groups: Sequence[Any], *, pad_id: int = 0) -> TrainBatch:
         loss_mask[i, :n] = m
         behav[i, :n] = torch.as_tensor(r.logprobs, dtype=torch.float32) * m
     if forced:
-        logger.warning("%d row(s) had loss_mask[0] = 1; the first token has no prediction, masked out", forced)
+        logger.warning(
+            "%d row(s) had loss_mask[0] = 1; the first token has no prediction, masked out", forced
+        )
     rewards = torch.tensor([float(r.reward) for r in rows], dtype=torch.float32)  # [B]
     group_index = torch.tensor([gi for gi, g in enumerate(infos) for _ in g.rows], dtype=torch.long)  # [B]
     return TrainBatch(

@@ -72,7 +72,11 @@ class DistContext:
         dist.broadcast(n, src=src, group=self.cpu_group)
         if self.rank == src:
             assert data is not None
-            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
+            buf = (
+                torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                if len(data)
+                else torch.empty(0, dtype=torch.uint8)
+            )
         else:
             buf = torch.empty(int(n.item()), dtype=torch.uint8)
         if int(n.item()) > 0:
@@ -92,13 +96,15 @@ class DistContext:
             buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         out = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.world_size)]
         dist.all_gather(out, buf, group=self.cpu_group)
-        return [bytes(t[: int(s.item())].numpy().tobytes()) for t, s in zip(out, sizes)]
+        return [bytes(t[: int(s.item())].numpy().tobytes()) for t, s in zip(out, sizes, strict=True)]
 
     def all_reduce(self, values: torch.Tensor, op: Literal["sum", "max"] = "sum") -> torch.Tensor:
         """All-reduce a small CPU tensor (metrics) over the gloo group; returns a new tensor."""
         out = values.detach().to("cpu", torch.float64).clone()
         if self.distributed:
-            dist.all_reduce(out, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.cpu_group)
+            dist.all_reduce(
+                out, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.cpu_group
+            )
         return out
 
     def shutdown(self) -> None:
@@ -187,7 +193,9 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext, *, bf16: bool = False) 
             fully_shard(module, mp_policy=mp)
             n += 1
     fully_shard(model, mp_policy=mp)
-    logger.info("FSDP2: sharded %d blocks (%s) + root over %d ranks", n, ",".join(sorted(blocks)), ctx.world_size)
+    logger.info(
+        "FSDP2: sharded %d blocks (%s) + root over %d ranks", n, ",".join(sorted(blocks)), ctx.world_size
+    )
     return model
 
 

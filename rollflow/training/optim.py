@@ -47,7 +47,9 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
 
 
-def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: Schedule, min_lr_ratio: float = 0.0) -> float:
+def lr_factor(
+    step: int, *, warmup_steps: int, total_steps: int, schedule: Schedule, min_lr_ratio: float = 0.0
+) -> float:
     """Multiplier of the base lr for the update after ``step`` completed steps (formula in the docstring)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps

@@ -43,7 +43,12 @@ class CheckpointSink(Protocol):
     def staging_dir(self, version: int) -> Path | None: ...
 
     def publish(
-        self, local_dir: str | Path, version: int, *, step: int | None = None, meta: dict[str, Any] | None = None
+        self,
+        local_dir: str | Path,
+        version: int,
+        *,
+        step: int | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> Any: ...
 
     def gc(self, keep_last: int) -> list[int]: ...
@@ -124,17 +129,28 @@ class CheckpointPublisher:
         self._error: BaseException | None = None
 
     def submit(
-        self, version: int, state_dict: dict[str, torch.Tensor], *, step: int, meta: dict[str, Any] | None = None
+        self,
+        version: int,
+        state_dict: dict[str, torch.Tensor],
+        *,
+        step: int,
+        meta: dict[str, Any] | None = None,
     ) -> bool:
         """Publish ``version`` (after the previous one finished). False if it is <= floor (skipped)."""
         if version <= self.floor:
-            logger.info("not publishing v%d: storage already has v%d (replayed step after restart)", version, self.floor)
+            logger.info(
+                "not publishing v%d: storage already has v%d (replayed step after restart)",
+                version,
+                self.floor,
+            )
             return False
         self.flush()
         self.floor = version
         args = (version, state_dict, step, dict(meta or {}))
         if self.background:
-            self._thread = threading.Thread(target=self._run, args=args, name=f"publish-v{version}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, args=args, name=f"publish-v{version}", daemon=True
+            )
             self._thread.start()
         else:
             self._run(*args)
@@ -153,7 +169,9 @@ class CheckpointPublisher:
             err, self._error = self._error, None
             raise TrainerError(f"publishing a checkpoint failed: {err}") from err
 
-    def _run(self, version: int, state_dict: dict[str, torch.Tensor], step: int, meta: dict[str, Any]) -> None:
+    def _run(
+        self, version: int, state_dict: dict[str, torch.Tensor], step: int, meta: dict[str, Any]
+    ) -> None:
         t0 = time.perf_counter()
         tmp: Path | None = None
         try:

@@ -156,7 +156,9 @@ def restore_rng(state: dict[str, Any]) -> None:
     name, keys_, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys_, dtype=np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
-        states = [torch.from_numpy(np.frombuffer(base64.b64decode(s), dtype=np.uint8).copy()) for s in state["cuda"]]
+        states = [
+            torch.from_numpy(np.frombuffer(base64.b64decode(s), dtype=np.uint8).copy()) for s in state["cuda"]
+        ]
         torch.cuda.set_rng_state_all(states[: torch.cuda.device_count()])
 
 

@@ -44,7 +44,9 @@ class JsonlSink:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rollflow.training.run", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rollflow.training.run", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--config", help="experiment YAML (defaults if omitted)")
     parser.add_argument("--metrics-jsonl", help="append per-step metrics to this file")
     parser.add_argument("--log-level", default="INFO")

@@ -69,7 +69,9 @@ class BatchCollector:
         interval = self.poll_interval_s
         while len(out.groups) < n:
             if self.stop_event.is_set():
-                logger.info("stop requested while waiting for data (%d/%d groups in hand)", len(out.groups), n)
+                logger.info(
+                    "stop requested while waiting for data (%d/%d groups in hand)", len(out.groups), n
+                )
                 self._stranded(out)
                 return None
             res = self.reader.take(n - len(out.groups), min_head_version=min_head_version)

@@ -37,7 +37,6 @@ import numpy as np
 import torch
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.errors import TrainerError
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.training import distributed as D
 from rollflow.training.actor import PolicyActor
@@ -130,7 +129,9 @@ class Trainer:
         hf_logging.disable_progress_bar()
         torch.set_num_threads(max(1, tcfg.threads))
         if self.ctx is None:
-            self.ctx = D.init_distributed(tcfg.distributed, timeout_s=max(1800.0, tcfg.data_wait_timeout_s + 600))
+            self.ctx = D.init_distributed(
+                tcfg.distributed, timeout_s=max(1800.0, tcfg.data_wait_timeout_s + 600)
+            )
         ctx = self.ctx
         seed = cfg.seed + ctx.rank
         torch.manual_seed(seed)
@@ -208,7 +209,9 @@ class Trainer:
         if len(point.rng) == ctx.world_size:
             restore_rng(point.rng[ctx.rank])
         else:
-            logger.warning("resume point has RNG for %d ranks, running %d: RNG reseeded", len(point.rng), ctx.world_size)
+            logger.warning(
+                "resume point has RNG for %d ranks, running %d: RNG reseeded", len(point.rng), ctx.world_size
+            )
         self.version = point.version
         self._last_resume_version = point.version
         self.counters.update({k: int(v) for k, v in point.counters.items() if k in self.counters})
@@ -297,7 +300,11 @@ class Trainer:
         if self.version > int(plan["floor"]):  # version 0 on a fresh start, or a resumed version not yet out
             self._publish(wait=True)
         summary = TrainSummary(
-            final_version=self.version, steps_run=0, groups_consumed=0, dropped_stale=0, resumed_from=resumed_from
+            final_version=self.version,
+            steps_run=0,
+            groups_consumed=0,
+            dropped_stale=0,
+            resumed_from=resumed_from,
         )
         while self.version < tcfg.steps:
             if not self._step():

@@ -1,8 +1,9 @@
 """Re-exports the inference fixtures of tests/rollout/conftest.py (tiny model, session CPU server).
 
 pytest only shares conftest fixtures down a directory tree, so this file loads that module by path and
-re-binds its fixtures here. When both directories run, each gets its own session instances (one extra
-server start); hoisting the fixtures into tests/conftest.py would share them.
+re-binds its fixtures here. The session instances (model dirs, the server) are shared between the two
+directories through a process-wide holder in that module; hoisting the fixtures into tests/conftest.py
+would make this file unnecessary.
 """
 
 from __future__ import annotations

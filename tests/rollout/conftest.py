@@ -27,9 +27,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import sys
 from collections.abc import Iterator
-from types import SimpleNamespace
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -131,23 +132,46 @@ def launch_cpu_servers(model_dir: Path, n: int = 1, **overrides: Any) -> Iterato
         group.stop(timeout_s=10)
 
 
+# tests/infra/conftest.py loads this file a second time under another module name; session instances
+# live in one process-wide holder so both directories share one model dir set and one server.
+_STATE: dict[str, Any] = sys.modules.setdefault(
+    "_rollflow_inference_fixture_state", ModuleType("_rollflow_inference_fixture_state")
+).__dict__
+
+
+def _shared_model_dir(tmp_path_factory: pytest.TempPathFactory, name: str, seed: int) -> Path:
+    key = f"model-{name}"
+    if key not in _STATE:
+        _STATE[key] = write_tiny_model(tmp_path_factory.mktemp("tiny-model") / name, seed=seed)
+    return _STATE[key]
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama + tokenizer on disk (vocab 48, hidden 64, 2 layers, context 1024)."""
-    return write_tiny_model(tmp_path_factory.mktemp("tiny-model") / "v0", seed=0)
+    return _shared_model_dir(tmp_path_factory, "v0", seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Same architecture as ``tiny_model_dir``, different random weights (a "new version")."""
-    return write_tiny_model(tmp_path_factory.mktemp("tiny-model") / "v1", seed=1)
+    return _shared_model_dir(tmp_path_factory, "v1", seed=1)
 
 
 @pytest.fixture(scope="session")
 def cpu_server(tiny_model_dir: Path) -> Iterator[Any]:
     """One CPU server serving ``tiny_model_dir`` as weight_version "0" for the whole session."""
-    with launch_cpu_servers(tiny_model_dir, 1) as group:
-        yield group
+    users: list[int] = _STATE.setdefault("cpu_server_users", [])
+    if not users:  # first user starts it; the last one to finish stops it
+        _STATE["cpu_server_cm"] = launch_cpu_servers(tiny_model_dir, 1)
+        _STATE["cpu_server_group"] = _STATE["cpu_server_cm"].__enter__()
+    users.append(1)
+    try:
+        yield _STATE["cpu_server_group"]
+    finally:
+        users.pop()
+        if not users:
+            _STATE.pop("cpu_server_cm").__exit__(None, None, None)
 
 
 @pytest.fixture(scope="session")

@@ -299,3 +299,17 @@ def test_sync_facade_for_the_embedded_mode() -> None:
         ex.stop()
     with pytest.raises(RuntimeError, match="start_in_thread"):
         ex.rollout_batch([{"i": 0}])
+
+
+def test_sync_submit_and_wait_collect_untracked_groups() -> None:
+    ex, _, _ = _executor(FakeClient(), max_concurrent=2)
+    ex.start_in_thread()
+    try:
+        for i in range(3):
+            ex.submit({"i": i})
+        got = ex.wait(3, timeout=10)
+        assert sorted(g.prompt_id for g in got) == ["0", "1", "2"]
+        with pytest.raises(TimeoutError):
+            ex.wait(1, timeout=0.1)
+    finally:
+        ex.stop()

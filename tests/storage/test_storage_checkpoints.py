@@ -45,7 +45,9 @@ def test_publish_resolve_fetch_round_trip(storage: Storage, tmp_path: Path) -> N
     assert store.list_committed() == [1]
 
 
-def test_fetch_reuses_verified_cache(storage: Storage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fetch_reuses_verified_cache(
+    storage: Storage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = CheckpointStore(storage)
     store.publish(_ckpt_dir(tmp_path), 1)
     first = store.fetch(1, tmp_path / "cache")
@@ -201,5 +203,5 @@ def test_real_hf_checkpoint_round_trip(storage: Storage, tmp_path: Path) -> None
     out = store.fetch(1, tmp_path / "cache")
     assert (out / VERIFIED_MARKER).exists()
     loaded = transformers.LlamaForCausalLM.from_pretrained(out)
-    for (n, p), (_, q) in zip(model.state_dict().items(), loaded.state_dict().items()):
+    for (n, p), (_, q) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert torch.equal(p, q), n

@@ -140,3 +140,11 @@ def test_s3_options_from_env(s3_server, monkeypatch: pytest.MonkeyPatch) -> None
     st = Storage.open(f"s3://{s3_server.bucket}/env", "e", "t")
     st.put_bytes("x", b"1")
     assert st.get_bytes("x") == b"1"
+
+
+def test_storage_pickles_for_worker_processes(storage: Storage) -> None:
+    import pickle
+
+    storage.put_bytes("p.txt", b"1")
+    again = pickle.loads(pickle.dumps(storage))
+    assert again.root_uri == storage.root_uri and again.get_bytes("p.txt") == b"1"

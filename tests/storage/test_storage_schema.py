@@ -48,7 +48,9 @@ def test_build_computes_head_tail_by_hand() -> None:
 
 
 def test_group_head_ignores_rows_without_policy_tokens() -> None:
-    g = TrajectoryGroup("g", "p", [_row(), _row(traj_id="t1", versions=[-1, -1, 5, 6, 7]), _row(loss_mask=[0] * 5)])
+    g = TrajectoryGroup(
+        "g", "p", [_row(), _row(traj_id="t1", versions=[-1, -1, 5, 6, 7]), _row(loss_mask=[0] * 5)]
+    )
     # row heads 3, 5, -1 -> group head = min over >= 0 = 3; tails 4, 7, -1 -> 7
     assert (g.head_version, g.tail_version) == (3, 7)
     assert g.n_tokens == 15 and g.rewards == [1.0, 1.0, 1.0]
@@ -76,12 +78,18 @@ def test_round_trip_keeps_order_and_values() -> None:
     assert table.schema.metadata[b"rollflow.schema_version"] == str(SCHEMA_VERSION).encode()
     back = table_to_groups(table)
     assert [g.group_id for g in back] == ["b", "a"]
-    for g0, g1 in zip(groups, back):
-        for r0, r1 in zip(g0.rows, g1.rows):
-            assert r1.input_ids == r0.input_ids and r1.versions == r0.versions and r1.loss_mask == r0.loss_mask
+    for g0, g1 in zip(groups, back, strict=True):
+        for r0, r1 in zip(g0.rows, g1.rows, strict=True):
+            assert (
+                r1.input_ids == r0.input_ids and r1.versions == r0.versions and r1.loss_mask == r0.loss_mask
+            )
             # float32 storage: compare at float32 precision
             assert np.array_equal(np.float32(r1.logprobs), np.float32(r0.logprobs))
-            assert (r1.head_version, r1.tail_version, r1.extra) == (r0.head_version, r0.tail_version, r0.extra)
+            assert (r1.head_version, r1.tail_version, r1.extra) == (
+                r0.head_version,
+                r0.tail_version,
+                r0.extra,
+            )
             assert r1.writer == "w"
 
 
@@ -105,7 +113,9 @@ def test_validate_table_names_the_field() -> None:
         validate_table(t.drop_columns(["reward"]))
     assert e.value.field == "reward" and "missing" in str(e.value)
     with pytest.raises(SchemaMismatchError) as e:
-        validate_table(t.set_column(t.schema.get_field_index("reward"), "reward", t.column("reward").cast(pa.float64())))
+        validate_table(
+            t.set_column(t.schema.get_field_index("reward"), "reward", t.column("reward").cast(pa.float64()))
+        )
     assert e.value.field == "reward"
     with pytest.raises(SchemaMismatchError) as e:
         validate_table(t.append_column("surprise", pa.array([1] * t.num_rows)))
@@ -127,7 +137,9 @@ def test_validate_table_checks_row_invariants() -> None:
     assert e.value.field == "head_version" and "stored 7 != 1" in str(e.value)
     validate_table(wrong, deep=False)  # schema-only check passes
     j = t.schema.get_field_index("logprobs")
-    short = t.set_column(j, TRAJECTORY_SCHEMA.field("logprobs"), pa.array([[0.0]] * t.num_rows, pa.list_(pa.float32())))
+    short = t.set_column(
+        j, TRAJECTORY_SCHEMA.field("logprobs"), pa.array([[0.0]] * t.num_rows, pa.list_(pa.float32()))
+    )
     with pytest.raises(SchemaMismatchError) as e:
         validate_table(short)
     assert e.value.field == "logprobs"

@@ -81,7 +81,9 @@ def test_flush_by_age_with_fake_clock(storage: Storage) -> None:
     assert w.maybe_flush() is None  # empty buffer
 
 
-def test_list_commits_reads_only_partitions_in_range(storage: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_list_commits_reads_only_partitions_in_range(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _write(storage, 6, head=lambda i: (i // 2) * 2)  # shards with heads (0,0), (2,2), (4,4)
     listed: list[str] = []
     real_list = storage.list
@@ -124,7 +126,9 @@ def test_two_writer_processes_at_once(storage_spec, tmp_path: Path) -> None:
     ids = traj_ids(res.groups)
     assert len(ids) == len(set(ids)) == 40
     for name in ("wa", "wb"):
-        assert {g.group_id for g in res.groups if g.group_id.startswith(name)} == {f"{name}-g{i}" for i in range(10)}
+        assert {g.group_id for g in res.groups if g.group_id.startswith(name)} == {
+            f"{name}-g{i}" for i in range(10)
+        }
 
 
 def test_crash_between_shard_and_commit_is_invisible_then_retry_commits_once(
@@ -153,7 +157,9 @@ def test_crash_between_shard_and_commit_is_invisible_then_retry_commits_once(
     assert [g.group_id for g in ShardReader(storage).take(10).groups] == ["a"]
 
 
-def test_retry_after_lost_commit_response_is_idempotent(storage: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_retry_after_lost_commit_response_is_idempotent(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real_put = storage.put_bytes
     lost = {"n": 0}
 
@@ -223,7 +229,9 @@ def test_cursor_save_restore_exactly_once(storage_spec) -> None:
     assert ReaderCursor.from_json(r2.cursor.to_json()) == r2.cursor
 
 
-def test_take_is_all_or_nothing_on_transient_errors(storage: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_take_is_all_or_nothing_on_transient_errors(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _write(storage, 4)
     real_get = storage.get_bytes
 

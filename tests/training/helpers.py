@@ -7,6 +7,7 @@ No hub access: the tokenizer is a character-level WordLevel model built here, th
 from __future__ import annotations
 
 import random
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ def make_group(
     """A TrajectoryGroup of ``n`` rows: random prompt + completion tokens, behaviour logprobs near log(1/V)."""
     from storage.schema import TrajectoryGroup, TrajectoryRow
 
-    rng = rng or random.Random(hash(group_id) & 0xFFFF)
+    rng = rng or random.Random(zlib.crc32(group_id.encode()))  # stable across processes (no hash())
     prompt = [rng.randrange(4, vocab) for _ in range(prompt_len)]
     rows = []
     for i in range(n):
@@ -88,7 +89,9 @@ def make_group(
     return TrajectoryGroup(group_id=group_id, prompt_id=f"p-{group_id}", rows=rows)
 
 
-def write_groups(storage: Any, group_ids: list[str], *, per_shard: int = 3, version: int = 0, **kw: Any) -> None:
+def write_groups(
+    storage: Any, group_ids: list[str], *, per_shard: int = 3, version: int = 0, **kw: Any
+) -> None:
     """Write groups as committed shards, ``per_shard`` groups per shard, in order."""
     from storage.shards import ShardWriter
 

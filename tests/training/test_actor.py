@@ -19,12 +19,16 @@ from rollflow.training.microbatch import plan_step
 def _run(model_dir: Path, *, budget: int, agg: str = "token-mean", n_mb: int = 1, **kw) -> tuple[dict, dict]:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    cfg = TrainConfig(batch_size=3, max_tokens_per_mb=budget, loss_agg=agg, ppo_n_minibatches=n_mb, grad_clip=0.0, **kw)  # type: ignore[arg-type]
+    cfg = TrainConfig(
+        batch_size=3, max_tokens_per_mb=budget, loss_agg=agg, ppo_n_minibatches=n_mb, grad_clip=0.0, **kw
+    )  # type: ignore[arg-type]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # the update IS the (negative) gradient
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     actor = PolicyActor(model, opt, sched, DistContext(), cfg)
     batch = build_batch([make_group(f"g{i}", n=3) for i in range(3)])
-    plans = plan_step([g.n_tokens for g in batch.groups], n_minibatches=n_mb, world_size=1, rank=0, max_tokens_per_mb=budget)
+    plans = plan_step(
+        [g.n_tokens for g in batch.groups], n_minibatches=n_mb, world_size=1, rank=0, max_tokens_per_mb=budget
+    )
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     batch.prox_logp = actor.compute_logp(model, batch, plans)
     batch.advantages = actor.compute_advantages(batch)

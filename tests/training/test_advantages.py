@@ -36,7 +36,9 @@ def test_rloo_leave_one_out() -> None:
 
 @pytest.mark.parametrize("estimator,norm", [("grpo", "mean_std"), ("grpo", "mean"), ("rloo", "mean_std")])
 def test_single_sample_group_has_zero_advantage(estimator: str, norm: str) -> None:
-    adv = group_advantages(torch.tensor([5.0, 1.0, 3.0]), torch.tensor([0, 1, 1]), estimator=estimator, norm=norm)
+    adv = group_advantages(
+        torch.tensor([5.0, 1.0, 3.0]), torch.tensor([0, 1, 1]), estimator=estimator, norm=norm
+    )
     assert adv[0].item() == 0.0  # no baseline for a group of one
     assert adv[1].item() < 0 < adv[2].item()
 

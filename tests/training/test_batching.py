@@ -15,17 +15,28 @@ from storage.schema import TrajectoryGroup, TrajectoryRow
 
 def _row(gid: str, i: int, ids: list[int], mask: list[int], lp: list[float], reward: float) -> TrajectoryRow:
     return TrajectoryRow.build(
-        traj_id=f"{gid}-{i}", group_id=gid, prompt_id="p", input_ids=ids, loss_mask=mask, logprobs=lp,
-        versions=[3 if m else -1 for m in mask], reward=reward, finish_reason="stop",
+        traj_id=f"{gid}-{i}",
+        group_id=gid,
+        prompt_id="p",
+        input_ids=ids,
+        loss_mask=mask,
+        logprobs=lp,
+        versions=[3 if m else -1 for m in mask],
+        reward=reward,
+        finish_reason="stop",
     )
 
 
 def test_build_batch_pads_right_and_masks() -> None:
     g1 = TrajectoryGroup("a", "p", [_row("a", 0, [5, 6, 7], [0, 1, 1], [0, -1, -2], 1.0)])
-    g2 = TrajectoryGroup("b", "p", [
-        _row("b", 0, [5, 8], [0, 1], [0, -0.5], 0.0),
-        _row("b", 1, [5, 9, 9, 9, 9], [0, 1, 1, 0, 1], [0, -1, -1, 0, -3], 0.5),
-    ])
+    g2 = TrajectoryGroup(
+        "b",
+        "p",
+        [
+            _row("b", 0, [5, 8], [0, 1], [0, -0.5], 0.0),
+            _row("b", 1, [5, 9, 9, 9, 9], [0, 1, 1, 0, 1], [0, -1, -1, 0, -3], 0.5),
+        ],
+    )
     b = build_batch([g1, g2], pad_id=0)
     assert b.input_ids.tolist() == [[5, 6, 7, 0, 0], [5, 8, 0, 0, 0], [5, 9, 9, 9, 9]]
     assert b.attention_mask.sum(-1).tolist() == [3, 2, 5]

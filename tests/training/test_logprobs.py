@@ -33,8 +33,13 @@ def test_gather_alignment_hand_worked() -> None:
 def _tiny(dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=12, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+        vocab_size=12,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
     )
     return LlamaForCausalLM(cfg).to(dtype).eval()
 
@@ -71,4 +76,6 @@ def test_finite_difference_gradient_of_the_full_loss() -> None:
         tok = res.token_loss + 0.05 * kl_estimate(logp, ref, "k3") * mask
         return aggregate(tok, mask, "seq-mean")
 
-    assert torch.autograd.gradcheck(loss_of, (w0.clone().requires_grad_(True),), eps=1e-6, atol=1e-7, rtol=1e-5)
+    assert torch.autograd.gradcheck(
+        loss_of, (w0.clone().requires_grad_(True),), eps=1e-6, atol=1e-7, rtol=1e-5
+    )

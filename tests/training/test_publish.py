@@ -42,8 +42,14 @@ def test_published_checkpoint_loads_and_matches(tiny_model_dir: Path, storage, t
 
 def test_bf16_publish_records_its_dtype(tiny_model_dir: Path, tmp_path: Path) -> None:
     model = _model(tiny_model_dir)
-    write_hf_dir(tmp_path / "out", dict(model.state_dict()), config=model.config, tokenizer=None,
-                 dtype=torch.bfloat16, architecture="LlamaForCausalLM")
+    write_hf_dir(
+        tmp_path / "out",
+        dict(model.state_dict()),
+        config=model.config,
+        tokenizer=None,
+        dtype=torch.bfloat16,
+        architecture="LlamaForCausalLM",
+    )
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["dtype"] == "bfloat16" and cfg["architectures"] == ["LlamaForCausalLM"]
     assert model.config.dtype == torch.float32  # the live config is untouched

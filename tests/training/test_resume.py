@@ -64,8 +64,13 @@ def test_rng_roundtrip() -> None:
 
 def _point(step: int) -> ResumePoint:
     return ResumePoint(
-        step=step, version=step, cursor={"format": 1}, scheduler={"last_epoch": step},
-        optimizer_meta={}, rng=[capture_rng()], counters={"groups_consumed": 2 * step},
+        step=step,
+        version=step,
+        cursor={"format": 1},
+        scheduler={"last_epoch": step},
+        optimizer_meta={},
+        rng=[capture_rng()],
+        counters={"groups_consumed": 2 * step},
     )
 
 

@@ -15,21 +15,34 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.api.config_loader import load_config
 from rollflow.api.errors import TrainerError
 from rollflow.api.metrics import InMemorySink
+from rollflow.training.resume import list_resume_steps
 from rollflow.training.trainer import Trainer, consumed_key
 from storage import keys
 from storage.checkpoints import CheckpointStore
 
 
-def make_cfg(root: str, experiment: str, trial: str, model_dir: Path, options: dict | None = None, **train: Any) -> ExperimentConfig:
+def make_cfg(
+    root: str, experiment: str, trial: str, model_dir: Path, options: dict | None = None, **train: Any
+) -> ExperimentConfig:
     data = {
         "experiment": experiment,
         "trial": trial,
         "storage": {"root": root, "options": options or {}},
         "model": {"path": str(model_dir)},
-        "rollout": {"max_staleness": train.pop("max_staleness", 100), "group_size": 4,
-                    "pause_during_training": train.pop("pause_during_training", False)},
-        "train": {"steps": 3, "batch_size": 2, "lr": 1e-3, "max_tokens_per_mb": 64, "resume_every": 2,
-                  "data_wait_timeout_s": 30.0, **train},
+        "rollout": {
+            "max_staleness": train.pop("max_staleness", 100),
+            "group_size": 4,
+            "pause_during_training": train.pop("pause_during_training", False),
+        },
+        "train": {
+            "steps": 3,
+            "batch_size": 2,
+            "lr": 1e-3,
+            "max_tokens_per_mb": 64,
+            "resume_every": 2,
+            "data_wait_timeout_s": 10.0,
+            **train,
+        },
     }
     return load_config(data=data)
 
@@ -62,9 +75,24 @@ def test_fresh_run(storage_spec, tiny_model_dir: Path) -> None:
     assert store.resolve_latest().version == 3  # type: ignore[union-attr]
     done = store.is_done()
     assert done is not None and done["version"] == 3 and done["groups_consumed"] == 6
-    for name in ("loss", "reward_mean", "entropy", "clip_frac", "behav_weight_mean", "behav_weight_max",
-                 "behav_masked_frac", "approx_kl", "grad_norm", "lr", "staleness_mean", "staleness_max",
-                 "dropped_stale", "train_tokens_per_s", "commit_to_consume_s", "step_time_s"):
+    for name in (
+        "loss",
+        "reward_mean",
+        "entropy",
+        "clip_frac",
+        "behav_weight_mean",
+        "behav_weight_max",
+        "behav_masked_frac",
+        "approx_kl",
+        "grad_norm",
+        "lr",
+        "staleness_mean",
+        "staleness_max",
+        "dropped_stale",
+        "train_tokens_per_s",
+        "commit_to_consume_s",
+        "step_time_s",
+    ):
         assert len(sink.values(name)) >= 1, name
     assert sink.values("version") == [1.0, 2.0, 3.0]
     assert sink.values("staleness_max") == [0.0, 1.0, 2.0]  # data of version 0 consumed at versions 0, 1, 2
@@ -73,8 +101,14 @@ def test_fresh_run(storage_spec, tiny_model_dir: Path) -> None:
 def test_stale_groups_are_dropped_and_counted(local_storage, tiny_model_dir: Path) -> None:
     write_groups(local_storage, ["a0", "a1", "old0", "old1"], per_shard=2, version=0)
     write_groups(local_storage, ["b0", "b1"], per_shard=2, version=1)
-    cfg = make_cfg(str(local_storage.base).rsplit("/", 2)[0], "test", local_storage.base.rsplit("/", 1)[1],
-                   tiny_model_dir, steps=2, max_staleness=0)
+    cfg = make_cfg(
+        str(local_storage.base).rsplit("/", 2)[0],
+        "test",
+        local_storage.base.rsplit("/", 1)[1],
+        tiny_model_dir,
+        steps=2,
+        max_staleness=0,
+    )
     sink = InMemorySink()
     summary = Trainer(cfg, local_storage, metrics=sink).run()
     # version 0 takes a0, a1; at version 1 the bound is head >= 1: old0, old1 are dropped, b0, b1 taken
@@ -85,7 +119,9 @@ def test_stale_groups_are_dropped_and_counted(local_storage, tiny_model_dir: Pat
 class StopAt:
     """TrainerHooks that record calls and set the stop event after a given version."""
 
-    def __init__(self, stop: threading.Event, at: int | None = None, store: CheckpointStore | None = None) -> None:
+    def __init__(
+        self, stop: threading.Event, at: int | None = None, store: CheckpointStore | None = None
+    ) -> None:
         self.stop, self.at, self.store, self.calls = stop, at, store, []
 
     def before_step(self, version: int) -> None:
@@ -115,7 +151,7 @@ def test_stop_and_resume_reproduce_the_uninterrupted_run(tmp_path: Path, tiny_mo
     first = Trainer(cfg, split, stop_event=stop, hooks=StopAt(stop, at=2)).run()
     assert first.stopped and not first.done and first.final_version == 2
     assert CheckpointStore(split).is_done() is None
-    assert [p.rsplit("/", 1)[1] for p in split.list(keys.TRAINER_DIR) if p.endswith("0.json") or "state-" in p and p.endswith(".json")] == ["state-00000002.json"]
+    assert list_resume_steps(split) == [2]  # written at the stop (resume_every=3 would not have)
 
     second = Trainer(cfg, split).run()
     assert second.resumed_from == 2 and second.steps_run == 2 and second.done
@@ -127,7 +163,8 @@ def test_stop_and_resume_reproduce_the_uninterrupted_run(tmp_path: Path, tiny_mo
 
 
 def test_sync_baseline_publishes_before_after_step(local_storage, tiny_model_dir: Path) -> None:
-    write_groups(local_storage, [f"g{i}" for i in range(4)])
+    write_groups(local_storage, ["g0", "g1"], version=0)
+    write_groups(local_storage, ["g2", "g3"], version=1)  # on-policy for step 2 (max_staleness 0)
     base, trial = local_storage.base.rsplit("/", 2)[0], local_storage.base.rsplit("/", 1)[1]
     cfg = make_cfg(base, "test", trial, tiny_model_dir, steps=2, max_staleness=0, pause_during_training=True)
     hooks = StopAt(threading.Event(), store=CheckpointStore(local_storage))

@@ -1,0 +1,266 @@
+"""Inference benchmark: the CPU server and the weight-update path against plain transformers.
+
+Run:  .venv/bin/python -m bench.inference            (about 2-4 minutes on 2 cores)
+      .venv/bin/python -m bench.inference --quick    (fewer repetitions, smoke run)
+
+Prints one `name value` line per figure and writes them to bench/results/inference.json (raw timings and
+the models used in inference_details.json). Models are random Llamas built here (no hub):
+
+- throughput model "bench-4m": hidden 256, 4 layers, 4 heads (2 KV), MLP 688, vocab 2048, fp32 (4.2M
+  parameters, the size of the 4.7M row in notes/stack.md); the 0.8M test model is too small: at that
+  size a decode step is mostly Python overhead on either side.
+- weight-update model "bench-32m": hidden 512, 8 layers, 8 heads (4 KV), MLP 1408, vocab 8192, fp32
+  (32M parameters, 128 MB of safetensors), large enough that loading is not lost in the poll interval.
+
+Figures:
+
+- server_vs_hf_generate_c16 / _c64: server tokens/s with 16 / 64 concurrent requests (prompt 33 tokens,
+  31 new, temperature 1, sent through ``SGLangClient``), over ``model.generate`` tokens/s on the same
+  batch in-process (same sampling, same torch threads). Best of the repetitions on each side. >= 0.7 is
+  the target.
+- weight_update_vs_raw_load: publish -> serving latency (``CheckpointStore.publish`` returns -> the
+  watcher's ``on_update``: poll, fetch + sha256 verify into the cache, pause, load + check + in-place
+  swap, continue, ack) over a plain ``AutoModelForCausalLM.from_pretrained`` of the same committed
+  checkpoint directory, in a warm process. Medians, interleaved. <= 1.5 is the target.
+  Also reported: weight_update_s, raw_load_s, raw_load_touch_vs (from_pretrained + reading every
+  weight, since from_pretrained maps the file lazily), and the fetch / server-load parts.
+- pause_s: median time generation stops on the server during an update (pause -> continue), measured
+  while 8 client streams keep generating.
+
+Not a test: it asserts nothing about targets; it reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench._common import report
+
+PROMPT_LEN, NEW_TOKENS = 33, 31
+THREADS = 2
+THROUGHPUT_ARCH = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=688, vocab_size=2048, max_position_embeddings=512)  # fmt: skip
+UPDATE_ARCH = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                   intermediate_size=1408, vocab_size=8192, max_position_embeddings=512)  # fmt: skip
+
+
+def build_model(path: Path, arch: dict[str, Any], seed: int) -> Path:
+    """A random LlamaForCausalLM saved as safetensors; no tokenizer, no EOS (generation runs to length)."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(
+        LlamaConfig(tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, **arch)
+    )
+    model.save_pretrained(path, safe_serialization=True)
+    GenerationConfig(eos_token_id=None, pad_token_id=0).save_pretrained(path)
+    return path
+
+
+def n_params(path: Path) -> int:
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+
+
+def prompts(batch: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, PROMPT_LEN), generator=g).tolist()
+
+
+# --- throughput -----------------------------------------------------------------------------------------------
+
+
+def hf_generate_s(model: Any, batch: int, vocab: int, seed: int) -> float:
+    ids = torch.tensor(prompts(batch, vocab, seed))  # [B, 33]
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+            max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0,
+        )  # fmt: skip
+    dt = time.perf_counter() - t0
+    assert out.shape == (batch, PROMPT_LEN + NEW_TOKENS)
+    return dt
+
+
+async def server_generate_s(client: Any, batch: int, vocab: int, seed: int) -> float:
+    from rollflow.api.inference import GenerateRequest, SamplingParams
+
+    sp = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0, ignore_eos=True)
+    reqs = [GenerateRequest(p, sp) for p in prompts(batch, vocab, seed)]
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(client.agenerate(r) for r in reqs))
+    dt = time.perf_counter() - t0
+    assert all(len(o.output_ids) == NEW_TOKENS for o in outs)
+    return dt
+
+
+def bench_throughput(root: Path, reps: int, details: dict[str, Any]) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM
+
+    from infra.servers import launch_local_servers
+    from rollflow.api.config import InferenceConfig
+    from rollflow.rollout.client import SGLangClient
+
+    model_dir = build_model(root / "bench-4m", THROUGHPUT_ARCH, seed=0)
+    vocab = THROUGHPUT_ARCH["vocab_size"]
+    details["throughput_model"] = {"arch": THROUGHPUT_ARCH, "params": n_params(model_dir), "threads": THREADS}
+    torch.set_num_threads(THREADS)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    cfg = InferenceConfig(n_servers=1, server_threads=THREADS, max_batch_size=64)
+    figures: dict[str, float] = {}
+    with launch_local_servers(cfg, model_dir) as group:
+        client = SGLangClient(group.addresses)
+        loop = asyncio.new_event_loop()
+        try:
+            for batch in (16, 64):
+                hf_generate_s(model, batch, vocab, seed=99)  # warm-up both sides
+                loop.run_until_complete(server_generate_s(client, batch, vocab, seed=99))
+                hf, srv = [], []
+                for i in range(reps):  # interleaved: machine noise hits both sides alike
+                    hf.append(hf_generate_s(model, batch, vocab, seed=i))
+                    srv.append(loop.run_until_complete(server_generate_s(client, batch, vocab, seed=i)))
+                tokens = batch * NEW_TOKENS
+                hf_tps, srv_tps = tokens / min(hf), tokens / min(srv)
+                figures[f"server_vs_hf_generate_c{batch}"] = srv_tps / hf_tps
+                details[f"c{batch}"] = {
+                    "hf_s": hf,
+                    "server_s": srv,
+                    "hf_tok_s": hf_tps,
+                    "server_tok_s": srv_tps,
+                }
+        finally:
+            loop.run_until_complete(client.aclose())
+            loop.close()
+    return figures
+
+
+# --- weight update ----------------------------------------------------------------------------------------------
+
+
+class _Load:
+    """Background generation load: `streams` client loops on their own event loop thread."""
+
+    def __init__(self, addresses: list[str], streams: int, vocab: int) -> None:
+        self.addresses, self.streams, self.vocab = addresses, streams, vocab
+        self.stop = threading.Event()
+        self.tokens = 0
+        self.interruptions = 0
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        from rollflow.api.inference import GenerateRequest, SamplingParams
+        from rollflow.rollout.client import SGLangClient
+
+        client = SGLangClient(self.addresses)
+
+        async def stream(i: int) -> None:
+            sp = SamplingParams(max_new_tokens=64, ignore_eos=True)
+            while not self.stop.is_set():
+                r = await client.agenerate(GenerateRequest(prompts(1, self.vocab, i)[0], sp))
+                self.tokens += len(r.output_ids)
+                self.interruptions += r.n_interruptions
+
+        await asyncio.gather(*(stream(i) for i in range(self.streams)))
+        await client.aclose()
+
+
+def bench_weight_update(root: Path, reps: int, details: dict[str, Any]) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM
+
+    from infra.servers import launch_local_servers
+    from rollflow.api.config import InferenceConfig
+    from rollflow.rollout.watcher import CheckpointWatcher
+    from storage.checkpoints import CheckpointStore
+    from storage.fs import Storage
+
+    weights = [build_model(root / f"bench-32m-{s}", UPDATE_ARCH, seed=s) for s in (0, 1)]
+    size = sum(f.stat().st_size for f in weights[0].iterdir())
+    details["update_model"] = {"arch": UPDATE_ARCH, "params": n_params(weights[0]), "bytes": size}
+    store = CheckpointStore(Storage.open(str(root / "store"), "bench", "trial"))
+    store.publish(weights[0], 0)
+    served = threading.Event()
+    cfg = InferenceConfig(n_servers=1, server_threads=THREADS, max_batch_size=64)
+    lat, raw, raw_touch, pauses, fetches = [], [], [], [], []
+    with launch_local_servers(cfg, weights[0]) as group:
+        watcher = CheckpointWatcher(
+            store,
+            group.addresses,
+            cache_dir=root / "cache",
+            poll_interval_s=0.05,
+            on_update=lambda v: served.set(),
+        )
+        watcher.poll_once()  # v0 is what the server was started with
+        load = _Load(group.addresses, streams=8, vocab=UPDATE_ARCH["vocab_size"])
+        load.thread.start()
+        watcher.start()
+        try:
+            for i in range(1, reps + 1):
+                ck_dir = Path(store.storage.local_path(f"checkpoints/v{i - 1:06d}") or "")
+                t0 = time.perf_counter()  # raw: what loading this checkpoint costs without the machinery
+                AutoModelForCausalLM.from_pretrained(ck_dir, dtype=torch.float32)
+                raw.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                m = AutoModelForCausalLM.from_pretrained(ck_dir, dtype=torch.float32)
+                sum(float(p.detach().sum()) for p in m.parameters())
+                raw_touch.append(time.perf_counter() - t0)
+                del m
+                served.clear()
+                store.publish(weights[i % 2], i)
+                t0 = time.perf_counter()
+                assert served.wait(120), f"v{i} never served: {watcher.errors[-1:]}"
+                lat.append(time.perf_counter() - t0)
+                ev = watcher.events[-1]
+                pauses.append(ev.pause_s or 0.0)
+                fetches.append(ev.fetch_s or 0.0)
+                time.sleep(0.3)  # let generation run between updates
+        finally:
+            watcher.stop()
+            load.stop.set()
+            load.thread.join(60)
+    med = statistics.median
+    details["weight_update"] = {
+        "publish_to_serving_s": lat, "raw_from_pretrained_s": raw, "raw_from_pretrained_touch_s": raw_touch,
+        "pause_s": pauses, "fetch_s": fetches, "poll_interval_s": 0.05, "load_streams": 8,
+        "load_tokens": load.tokens, "load_interruptions": load.interruptions, "errors": len(watcher.errors),
+    }  # fmt: skip
+    return {
+        "weight_update_vs_raw_load": med(lat) / med(raw),
+        "weight_update_vs_raw_load_touch": med(lat) / med(raw_touch),
+        "weight_update_s": med(lat),
+        "raw_load_s": med(raw),
+        "fetch_s": med(fetches),
+        "pause_s": med(pauses),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Inference benchmarks (see module docstring).")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    args = ap.parse_args()
+    reps = 2 if args.quick else 5
+    details: dict[str, Any] = {"machine": platform.platform(), "torch": torch.__version__, "reps": reps}
+    with tempfile.TemporaryDirectory(prefix="rollflow-bench-inference-") as tmp:
+        root = Path(tmp)
+        figures = bench_throughput(root, reps, details)
+        figures.update(bench_weight_update(root, reps, details))
+    report("inference", figures, details)
+    print(json.dumps({k: round(v, 3) for k, v in figures.items()}))
+
+
+if __name__ == "__main__":
+    main()

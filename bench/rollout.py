@@ -1,0 +1,227 @@
+"""Rollout benchmark: what the WorkflowExecutor costs over calling the inference servers directly.
+
+Run:  .venv/bin/python -m bench.rollout            (about 1-2 minutes on 2 cores)
+      .venv/bin/python -m bench.rollout --quick    (fewer repetitions, smoke run)
+
+Prints one `name value` line per figure and writes them to bench/results/rollout.json (raw numbers in
+rollout_details.json). Both sides send the same requests (the chat-templated prompts of the synthetic
+task, `ignore_eos` so every request generates exactly `--tokens` tokens) to the same local CPU server,
+with the same number of requests in flight:
+
+- executor_vs_server_tokens: generated tokens/s through the full rollout path -- WorkflowExecutor
+  (staleness accounting, scheduling) running RLVRWorkflow (chat template, `group_size` samples per
+  prompt, reward scoring, row building) and writing every accepted group as Parquet shards with commit
+  records to a local store -- over tokens/s of `--concurrency` direct concurrent `agenerate` calls.
+  Target >= 0.9. Median over interleaved repetitions.
+
+The model is the tiny Llama of the embedded default (`rollflow.models`, else a random one of the same
+shape); its weights do not matter here, only the token counts. This is a script, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench._common import report
+from rollflow.api.config import InferenceConfig
+from rollflow.api.inference import GenerateRequest, SamplingParams
+from rollflow.rollout.client import SGLangClient
+from rollflow.rollout.executor import WorkflowExecutor
+from rollflow.rollout.staleness import StalenessManager
+from rollflow.workflows.rlvr import RLVRWorkflow, render_chat
+from storage.fs import Storage
+from storage.shard_writer import ShardWriter
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_model(out: Path) -> Path:
+    """The embedded default's tiny model if its builder exists, else a random tiny Llama + char tokenizer."""
+    try:
+        from rollflow.api.config import TinyModelConfig
+        from rollflow.models import bootstrap_tiny_model
+
+        cfg = TinyModelConfig(warm_start_steps=0)
+        bootstrap_tiny_model(cfg, out, seed=0)
+        return out
+    except ImportError:
+        pass
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["<|pad|>", "<|unk|>", "<|im_start|>", "<|im_end|>"])}
+    for ch in "0123456789+-*=?: \nabcdefghijklmnopqrstuvwxyz":
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(""), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|pad|>", unk_token="<|unk|>", bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+    )  # fmt: skip
+    hf.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(vocab), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+            pad_token_id=0, bos_token_id=2, eos_token_id=3,
+        )
+    )  # fmt: skip
+    model.save_pretrained(out)
+    hf.save_pretrained(out)
+    return out
+
+
+def prompts(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b = rng.randrange(100), rng.randrange(100)
+        rows.append({"prompt_id": f"b{seed}-{i}", "messages": [{"role": "user", "content": f"{a}+{b}=?"}],
+                     "answer": str(a + b)})  # fmt: skip
+    return rows
+
+
+class InProcessScorer:
+    """Used only when rollflow.rewards is missing: exact-match reward without a process pool."""
+
+    async def ascore(self, prompt: str, completion: str, answer: Any, **data: Any) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(score=float(completion.strip() == str(answer)), error=None, timed_out=False)
+
+
+def reward_runner() -> tuple[Any, str]:
+    try:
+        from rollflow.rewards.synthetic import synthetic_reward_fn
+
+        from rollflow.rewards import AsyncRewardRunner
+
+        return AsyncRewardRunner(synthetic_reward_fn, max_workers=1, timeout_s=10.0), "process-pool"
+    except ImportError:
+        return InProcessScorer(), "in-process"
+
+
+async def direct(
+    addresses: list[str], prompt_ids: list[list[int]], sp: SamplingParams, concurrency: int
+) -> dict:
+    client = SGLangClient(addresses)
+    sem = asyncio.Semaphore(concurrency)
+    tokens = 0
+
+    async def one(ids: list[int]) -> None:
+        nonlocal tokens
+        async with sem:
+            res = await client.agenerate(GenerateRequest(ids, sp))
+            tokens += len(res.output_ids)
+
+    t0 = time.perf_counter()
+    try:
+        await asyncio.gather(*(one(ids) for ids in prompt_ids))
+    finally:
+        await client.aclose()
+    elapsed = time.perf_counter() - t0
+    return {"tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed}
+
+
+async def through_executor(
+    addresses: list[str], rows: list[dict], workflow: RLVRWorkflow, concurrency: int, store: Storage
+) -> dict:
+    client = SGLangClient(addresses)
+    episodes = max(1, concurrency // workflow.group_size)  # same requests in flight as the direct side
+    staleness = StalenessManager(episodes, max_staleness=10**6, consumer_batch_size=len(rows))
+    writer = ShardWriter(store, "bench", flush_rows=64, flush_seconds=1.0)
+    executor = WorkflowExecutor(workflow, client, staleness, writer=writer)
+    t0 = time.perf_counter()
+    try:
+        async with executor:
+            executor.feed(iter(enumerate(rows)))
+            await executor.await_idle()
+        await asyncio.to_thread(writer.close)
+    finally:
+        await client.aclose()
+    elapsed = time.perf_counter() - t0
+    st = executor.stats
+    return {
+        "tokens": st.tokens, "elapsed_s": elapsed, "tokens_per_s": st.tokens / elapsed, "accepted": st.accepted,
+        "failed": st.failed, "rows_written": writer.stats["rows"], "shards": writer.stats["shards"],
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 repetitions of fewer prompts")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--prompts", type=int, default=128, help="prompts per repetition")
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=32, help="requests in flight on both sides")
+    ap.add_argument("--tokens", type=int, default=24, help="generated tokens per request")
+    args = ap.parse_args()
+    if args.quick:
+        args.reps, args.prompts = 2, 16
+    from transformers import AutoTokenizer
+
+    from infra.servers import launch_local_servers
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = tiny_model(Path(tmp) / "model")
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        if tok.chat_template is None:
+            tok.chat_template = CHAT_TEMPLATE
+        sp = SamplingParams(max_new_tokens=args.tokens, temperature=1.0, ignore_eos=True)
+        runner, reward_kind = reward_runner()
+        workflow = RLVRWorkflow(
+            lambda *a, **k: 0.0, tok, sp, group_size=args.group_size, reward_runner=runner
+        )
+        store = Storage.open(str(Path(tmp) / "store"), "bench", "rollout", {})
+        icfg = InferenceConfig(n_servers=1, server_threads=1, max_batch_size=64)
+        runs: dict[str, list[dict]] = {"direct": [], "executor": []}
+        with launch_local_servers(icfg, model_dir) as servers:
+            warm = prompts(8, seed=-1)
+            asyncio.run(through_executor(servers.addresses, warm, workflow, args.concurrency, store))
+            for rep in range(args.reps):
+                rows = prompts(args.prompts, seed=rep)
+                ids = [
+                    tok.encode(
+                        render_chat(tok, r["messages"], add_generation_prompt=True), add_special_tokens=False
+                    )
+                    for r in rows
+                    for _ in range(args.group_size)
+                ]
+                order = ["direct", "executor"] if rep % 2 == 0 else ["executor", "direct"]
+                for side in order:
+                    if side == "direct":
+                        out = asyncio.run(direct(servers.addresses, ids, sp, args.concurrency))
+                    else:
+                        out = asyncio.run(
+                            through_executor(servers.addresses, rows, workflow, args.concurrency, store)
+                        )
+                    runs[side].append(out)
+        close = getattr(runner, "close", None)
+        if close is not None:
+            close()
+    med = {side: statistics.median(r["tokens_per_s"] for r in rs) for side, rs in runs.items()}
+    figures = {"executor_vs_server_tokens": med["executor"] / med["direct"]}
+    details = {
+        "args": vars(args), "reward_runner": reward_kind, "median_tokens_per_s": med, "runs": runs,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+    }  # fmt: skip
+    report("rollout", figures, details)
+
+
+if __name__ == "__main__":
+    main()
