@@ -73,7 +73,7 @@ def n_params(path: Path) -> int:
     from safetensors import safe_open
 
     with safe_open(str(path / "model.safetensors"), "pt") as f:
-        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f)
 
 
 def prompts(batch: int, vocab: int, seed: int) -> list[list[int]]:

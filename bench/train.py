@@ -1,23 +1,27 @@
 """Trainer benchmark: the full Trainer's throughput against a plain PyTorch loop on the same batches.
 
-Run:  .venv/bin/python -m bench.train            (about 1-2 minutes on 2 cores)
-      .venv/bin/python -m bench.train --quick    (fewer steps and repetitions, smoke run)
+Run:  .venv/bin/python -m bench.train            (about 2-4 minutes on 2 cores)
+      .venv/bin/python -m bench.train --quick    (fewer steps, smoke run)
 
-Prints `name value` lines and writes bench/results/train.json (raw numbers in train_details.json):
+Prints `name value` lines and writes bench/results/train.json (raw per-step numbers in
+train_details.json):
 
-- train_vs_plain_torch: trainer tokens/s / plain tokens/s (target >= 0.9). The trainer does a whole
-  step as configured by default (reader take from committed shards, padding, FFD plan, proximal-logp
-  forward, advantages, decoupled PPO forward/backward, grad clip, AdamW, consumed log, a checkpoint
-  published every version with the upload in a background thread, a resume point every 10 steps);
-  its time is the sum of step_time_s. The plain loop does the same forward passes on the same padded
-  batches (a no-grad forward for the proximal logprobs, then forward + log-softmax gather + a PPO
-  surrogate + backward + clip_grad_norm_ + AdamW) and nothing else.
-- train_compute_vs_plain_torch: the same with the trainer's compute time only (no publish / resume).
-- trainer_tokens_per_s, plain_tokens_per_s, peak_rss_mb (trainer process), plain_peak_rss_mb.
+- train_vs_plain_torch: trainer tokens/s / plain tokens/s (target >= 0.9). The trainer's time per step
+  is its whole step as configured by default: the reader's take from committed shards (sha256, Parquet
+  decode, validation), padding, FFD plan, proximal-logp forward, advantages, decoupled PPO
+  forward/backward, grad clip, AdamW, the consumed log, a checkpoint published every version (upload in
+  a background thread) and a resume point every 10 steps. The plain loop does the same forward passes on
+  the same padded batches (a no-grad forward for the proximal logprobs, then forward + log-softmax
+  gather + a PPO surrogate + backward + clip_grad_norm_ + AdamW) and nothing else; its data prep is not
+  timed.
+- train_compute_vs_plain_torch: the same with the trainer's compute part only (no data, publish, resume).
+- trainer_tokens_per_s, plain_tokens_per_s; peak_rss_mb of a trainer-only process, plain_peak_rss_mb.
 
-Each side runs in its own process (so peak RSS is per side), alternating, `--reps` times; the figure
-uses medians. The first `WARMUP` steps of each run are not timed. Model: the embedded-default size
-(Llama, hidden 128, 4 layers, vocab 40, 0.8M params); batch: 8 groups x 8 samples x 64 tokens.
+Method: this machine is shared, so the two sides are paired step by step in one process. The plain loop
+runs as the trainer's TrainerHooks, one plain step per trainer step on the same batch, alternately just
+before and just after it; both sides see the same load. The first WARMUP steps are not counted. Peak RSS
+comes from separate trainer-only and plain-only processes. Model: the embedded-default size (Llama,
+hidden 128, 4 layers, vocab 40, 0.8M params); batch: 8 groups x 8 samples x 64 tokens.
 
 This is a script, not a test: it asserts nothing about targets; it reports.
 """
@@ -37,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import median, report
+from bench._common import report
 
 WARMUP = 2
 GROUPS, GROUP_SIZE, PROMPT, COMPLETION = 8, 8, 33, 31
@@ -119,7 +123,7 @@ def _cfg(workdir: Path, trial: str, steps: int, threads: int) -> Any:
     )
 
 
-def phase_trainer(workdir: Path, trial: str, steps: int, threads: int) -> dict[str, float]:
+def phase_trainer(workdir: Path, trial: str, steps: int, threads: int, hooks: Any = None) -> dict[str, Any]:
     from rollflow.api.metrics import InMemorySink
     from rollflow.training.trainer import Trainer
     from storage.fs import Storage
@@ -127,56 +131,88 @@ def phase_trainer(workdir: Path, trial: str, steps: int, threads: int) -> dict[s
     cfg = _cfg(workdir, trial, steps, threads)
     storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial)
     sink = InMemorySink()
-    Trainer(cfg, storage, metrics=sink).run()
-    tokens = sink.values("tokens")[WARMUP:]
+    Trainer(cfg, storage, metrics=sink, hooks=hooks).run()
     return {
-        "tokens": sum(tokens),
-        "step_s": sum(sink.values("step_time_s")[WARMUP:]),
-        "compute_s": sum(sink.values("compute_time_s")[WARMUP:]),
+        "tokens": sink.values("tokens"),
+        "step_s": sink.values("step_time_s"),
+        "compute_s": sink.values("compute_time_s"),
         "peak_rss_mb": _peak_rss_mb(),
     }
 
 
-def phase_plain(workdir: Path, trial: str, steps: int, threads: int) -> dict[str, float]:
-    """Same batches, same forwards, nothing but PyTorch."""
-    import torch
-    from transformers import AutoModelForCausalLM
+class PlainLoop:
+    """The same forwards on the same padded batches, in plain PyTorch, one step per call."""
 
-    from rollflow.training.batching import build_batch
-    from storage.fs import Storage
-    from storage.shards import ShardReader
+    def __init__(self, workdir: Path, trial: str, steps: int, threads: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(threads)
-    cfg = _cfg(workdir, trial, steps, threads)
-    reader = ShardReader(Storage.open(cfg.storage.root, cfg.experiment, cfg.trial))
-    batches = [build_batch(reader.take(GROUPS).groups) for _ in range(steps)]  # untimed data prep
-    model = AutoModelForCausalLM.from_pretrained(workdir / "model", dtype=torch.float32)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens, seconds = 0.0, 0.0
-    for i, b in enumerate(batches):
+        from rollflow.training.batching import build_batch
+        from storage.fs import Storage
+        from storage.shards import ShardReader
+
+        torch.set_num_threads(threads)
+        cfg = _cfg(workdir, trial, steps, threads)
+        reader = ShardReader(Storage.open(cfg.storage.root, cfg.experiment, cfg.trial))
+        self.batches = [build_batch(reader.take(GROUPS).groups) for _ in range(steps)]  # untimed data prep
+        self.model = AutoModelForCausalLM.from_pretrained(workdir / "model", dtype=torch.float32)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.seconds: dict[int, float] = {}
+
+    def step(self, i: int) -> float:
+        import torch
+
         t0 = time.perf_counter()
+        b = self.batches[i]
         ids, mask = b.input_ids, b.loss_mask
         rewards = b.rewards.view(GROUPS, GROUP_SIZE)
         adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).view(-1, 1)
         with torch.no_grad():
-            z = model(input_ids=ids, use_cache=False).logits[:, :-1]
+            z = self.model(input_ids=ids, use_cache=False).logits[:, :-1]
             prox = z.gather(-1, ids[:, 1:, None]).squeeze(-1) - z.logsumexp(-1)
-        z = model(input_ids=ids, use_cache=False).logits[:, :-1]
+        z = self.model(input_ids=ids, use_cache=False).logits[:, :-1]
         logp = z.gather(-1, ids[:, 1:, None]).squeeze(-1) - z.logsumexp(-1)
         ratio = torch.exp(logp - prox)
         m = mask[:, 1:]
         loss = (torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)) * m).sum() / m.sum()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if i >= WARMUP:
-            seconds += time.perf_counter() - t0
-            tokens += float(b.attention_mask.sum())
-    return {"tokens": tokens, "step_s": seconds, "compute_s": seconds, "peak_rss_mb": _peak_rss_mb()}
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.seconds[i] = time.perf_counter() - t0
+        return self.seconds[i]
+
+    # TrainerHooks: one plain step per trainer step on the same batch, alternately before and after it,
+    # so both sides see the same machine load (this box is shared) and neither always runs cache-warm.
+    def before_step(self, version: int) -> None:
+        if version % 2 == 1:
+            self.step(version)
+
+    def after_step(self, version: int) -> None:
+        if (version - 1) % 2 == 0:
+            self.step(version - 1)
 
 
-def _run_phase(phase: str, workdir: Path, trial: str, steps: int, threads: int) -> dict[str, float]:
+def phase_plain(workdir: Path, trial: str, steps: int, threads: int) -> dict[str, Any]:
+    loop = PlainLoop(workdir, trial, steps, threads)
+    for i in range(steps):
+        loop.step(i)
+    return {
+        "tokens": [float(b.attention_mask.sum()) for b in loop.batches],
+        "step_s": [loop.seconds[i] for i in range(steps)],
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+
+
+def phase_paired(workdir: Path, trial: str, steps: int, threads: int) -> dict[str, Any]:
+    plain = PlainLoop(workdir, trial + "-copy", steps, threads)
+    out = phase_trainer(workdir, trial, steps, threads, hooks=plain)
+    out["plain_s"] = [plain.seconds[i] for i in range(steps)]
+    out["plain_tokens"] = [float(b.attention_mask.sum()) for b in plain.batches]
+    return out
+
+
+def _run_phase(phase: str, workdir: Path, trial: str, steps: int, threads: int) -> dict[str, Any]:
     cmd = [
         sys.executable,
         "-m",
@@ -202,48 +238,50 @@ def _run_phase(phase: str, workdir: Path, trial: str, steps: int, threads: int) 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--phase", choices=["trainer", "plain"], help=argparse.SUPPRESS)
+    ap.add_argument("--phase", choices=["paired", "trainer", "plain"], help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     ap.add_argument("--trial", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.phase:  # child process
-        fn = phase_trainer if args.phase == "trainer" else phase_plain
+        fn = {"paired": phase_paired, "trainer": phase_trainer, "plain": phase_plain}[args.phase]
         print(json.dumps(fn(Path(args.workdir), args.trial, args.steps, args.threads)), flush=True)
         return 0
 
     from storage.fs import Storage
 
     reps, steps = (1, 5) if args.quick else (args.reps, args.steps)
-    results: dict[str, list[dict[str, float]]] = {"trainer": [], "plain": []}
+    runs: dict[str, list[dict[str, Any]]] = {"paired": [], "trainer": [], "plain": []}
     with tempfile.TemporaryDirectory(prefix="rollflow-bench-train-") as tmp:
         workdir = Path(tmp)
         build_model(workdir / "model")
-        for i in range(reps):
-            order = ["plain", "trainer"] if i % 2 == 0 else ["trainer", "plain"]
-            for phase in order:
-                trial = f"{phase}-{i}"
-                write_shards(Storage.open(str(workdir / "store"), "bench", trial), GROUPS * steps, seed=i)
-                results[phase].append(_run_phase(phase, workdir, trial, steps, args.threads))
+        plan = [("paired", i) for i in range(reps)] + [("trainer", 0), ("plain", 0)]
+        for phase, i in plan:
+            trial = f"{phase}-{i}"
+            for t in (trial, trial + "-copy") if phase == "paired" else (trial,):
+                write_shards(Storage.open(str(workdir / "store"), "bench", t), GROUPS * steps, seed=i)
+            runs[phase].append(_run_phase(phase, workdir, trial, steps, args.threads))
 
-    def tps(r: dict[str, float], key: str) -> float:
-        return r["tokens"] / r[key]
-
-    trainer_tps = median([tps(r, "step_s") for r in results["trainer"]])
-    trainer_compute_tps = median([tps(r, "compute_s") for r in results["trainer"]])
-    plain_tps = median([tps(r, "step_s") for r in results["plain"]])
+    # Per-step pairs after warmup: same batch, same moment, same process.
+    trainer_s, trainer_compute_s, plain_s, tokens = 0.0, 0.0, 0.0, 0.0
+    for r in runs["paired"]:
+        assert r["tokens"] == r["plain_tokens"], "the two sides must train on the same batches"
+        trainer_s += sum(r["step_s"][WARMUP:])
+        trainer_compute_s += sum(r["compute_s"][WARMUP:])
+        plain_s += sum(r["plain_s"][WARMUP:])
+        tokens += sum(r["tokens"][WARMUP:])
     figures = {
-        "train_vs_plain_torch": trainer_tps / plain_tps,
-        "train_compute_vs_plain_torch": trainer_compute_tps / plain_tps,
-        "trainer_tokens_per_s": trainer_tps,
-        "plain_tokens_per_s": plain_tps,
-        "peak_rss_mb": max(r["peak_rss_mb"] for r in results["trainer"]),
-        "plain_peak_rss_mb": max(r["peak_rss_mb"] for r in results["plain"]),
+        "train_vs_plain_torch": plain_s / trainer_s,
+        "train_compute_vs_plain_torch": plain_s / trainer_compute_s,
+        "trainer_tokens_per_s": tokens / trainer_s,
+        "plain_tokens_per_s": tokens / plain_s,
+        "peak_rss_mb": runs["trainer"][0]["peak_rss_mb"],
+        "plain_peak_rss_mb": runs["plain"][0]["peak_rss_mb"],
     }
     details = {
-        "runs": results,
+        "runs": runs,
         "steps_per_run": steps,
         "timed_steps_per_run": steps - WARMUP,
         "batch": {"groups": GROUPS, "group_size": GROUP_SIZE, "tokens_per_seq": PROMPT + COMPLETION},
@@ -252,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
+            "loadavg_after": os.getloadavg(),
         },
     }
     report("train", figures, details)

@@ -76,9 +76,11 @@ def launch_sglang_servers(
     """
     sg = cfg.sglang
     version = weight_version if weight_version is not None else cfg.initial_weight_version
-    ports = [cfg.base_port + i for i in range(cfg.n_servers)] if cfg.base_port else [
-        free_port(cfg.host) for _ in range(cfg.n_servers)
-    ]
+    ports = (
+        [cfg.base_port + i for i in range(cfg.n_servers)]
+        if cfg.base_port
+        else [free_port(cfg.host) for _ in range(cfg.n_servers)]
+    )
     commands = [
         build_sglang_command(
             model_path,

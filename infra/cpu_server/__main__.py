@@ -22,16 +22,31 @@ API_KEY_ENV = "ROLLFLOW_INFERENCE_API_KEY"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m infra.cpu_server", description=__doc__)
     p.add_argument("--model-path", required=True, help="Hugging Face model directory (config + safetensors).")
-    p.add_argument("--host", default="127.0.0.1", help="Bind address (default loopback; set an API key otherwise).")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="Bind address (default loopback; set an API key otherwise)."
+    )
     p.add_argument("--port", type=int, default=30000, help="TCP port (SGLang's default 30000).")
-    p.add_argument("--api-key", default=None, help=f"Bearer key required on every route but /health* (or ${API_KEY_ENV}).")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help=f"Bearer key required on every route but /health* (or ${API_KEY_ENV}).",
+    )
     p.add_argument("--max-batch-size", type=int, default=64, help="Max sequences decoded together.")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (torch.set_num_threads).")
-    p.add_argument("--weight-version", default="default", help="Initial weight_version string (SGLang: 'default').")
+    p.add_argument(
+        "--weight-version", default="default", help="Initial weight_version string (SGLang: 'default')."
+    )
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="Parameter dtype.")
     p.add_argument("--context-length", type=int, default=None, help="Override max_position_embeddings.")
-    p.add_argument("--max-prefill-tokens", type=int, default=8192, help="Padded prompt tokens admitted per step.")
-    p.add_argument("--seed", type=int, default=None, help="Seed of the draws of requests without sampling_seed.")
+    p.add_argument(
+        "--max-prefill-tokens", type=int, default=8192, help="Padded prompt tokens admitted per step."
+    )
+    p.add_argument(
+        "--seed", type=int, default=None, help="Seed of the draws of requests without sampling_seed."
+    )
+    p.add_argument(
+        "--batch-window-ms", type=float, default=3.0, help="An idle server waits this long to batch a burst."
+    )
     p.add_argument("--served-model-name", default=None, help="Name reported by /get_model_info.")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p.parse_args(argv)
@@ -40,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     logging.basicConfig(
-        level=ns.log_level.upper(), format="%(asctime)s %(levelname)s [cpu_server:%(process)d] %(name)s: %(message)s"
+        level=ns.log_level.upper(),
+        format="%(asctime)s %(levelname)s [cpu_server:%(process)d] %(name)s: %(message)s",
     )
     if ns.max_batch_size < 1 or ns.threads < 1:
         print("--max-batch-size and --threads must be >= 1", file=sys.stderr)
@@ -60,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         max_prefill_tokens=ns.max_prefill_tokens,
         seed=ns.seed,
         served_model_name=ns.served_model_name,
+        batch_window_ms=ns.batch_window_ms,
     )
     asyncio.run(serve(args))
     return 0

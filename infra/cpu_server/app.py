@@ -65,6 +65,7 @@ class ServerArgs:
     max_prefill_tokens: int = 8192
     seed: int | None = None
     served_model_name: str | None = None
+    batch_window_ms: float = 3.0
 
 
 class ServerState:
@@ -92,6 +93,7 @@ class ServerState:
                 max_prefill_tokens=args.max_prefill_tokens,
                 weight_version=args.weight_version,
                 seed=args.seed,
+                batch_window_s=args.batch_window_ms / 1000.0,
             ),
             detokenize=self._detokenize if self.tokenizer is not None else None,
         )
@@ -99,7 +101,10 @@ class ServerState:
         self.unpaused.set()
         self.update_lock = asyncio.Lock()
         self.shutting_down = False
-        logger.info("loaded %s in %.2fs (context %d)", args.model_path, time.perf_counter() - t0, self.context_len)
+        self.model_path = args.model_path  # the served checkpoint; follows successful updates (SGLang)
+        logger.info(
+            "loaded %s in %.2fs (context %d)", args.model_path, time.perf_counter() - t0, self.context_len
+        )
 
     def _detokenize(self, ids: list[int], skip_special: bool) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special))
@@ -176,14 +181,18 @@ def build_app(state: ServerState) -> web.Application:
         except web.HTTPException as e:
             if e.status < 400:
                 raise
-            return web.json_response(error_body(f"{e.reason}: {request.method} {request.path}"), status=e.status)
+            return web.json_response(
+                error_body(f"{e.reason}: {request.method} {request.path}"), status=e.status
+            )
         except Exception as e:
             logger.exception("unhandled error on %s", request.path)
             return web.json_response(error_body(f"internal error: {type(e).__name__}: {e}"), status=500)
 
     async def generate(request: web.Request) -> web.Response:
         body = await _json_body(request)
-        items, is_batch = parse_generate_request(body, vocab_size=state.vocab_size, context_len=state.context_len)
+        items, is_batch = parse_generate_request(
+            body, vocab_size=state.vocab_size, context_len=state.context_len
+        )
         prompts: list[list[int]] = []
         for it in items:
             bad = _unsupported(it.sampling, it)
@@ -252,7 +261,11 @@ def build_app(state: ServerState) -> web.Application:
             except WeightLoadError as e:
                 logger.warning("weight update from %s refused: %s", req.model_path, e)
                 return web.json_response(
-                    {"success": False, "message": f"Failed to get weights iterator: {e}", "num_paused_requests": 0},
+                    {
+                        "success": False,
+                        "message": f"Failed to get weights iterator: {e}",
+                        "num_paused_requests": 0,
+                    },
                     status=400,
                 )
             try:
@@ -263,10 +276,17 @@ def build_app(state: ServerState) -> web.Application:
                 )
             except Exception as e:
                 msg = f"Failed to update weights: {e}.\nRolling back to original weights."
-                return web.json_response({"success": False, "message": msg, "num_paused_requests": 0}, status=400)
+                return web.json_response(
+                    {"success": False, "message": msg, "num_paused_requests": 0}, status=400
+                )
+            state.model_path = req.model_path
             logger.info("weights from %s served in %.3fs", req.model_path, time.perf_counter() - t0)
         return web.json_response(
-            {"success": True, "message": update_weights_message(req.weight_version), "num_paused_requests": kept}
+            {
+                "success": True,
+                "message": update_weights_message(req.weight_version),
+                "num_paused_requests": kept,
+            }
         )
 
     async def flush_cache(request: web.Request) -> web.Response:
@@ -287,7 +307,11 @@ def build_app(state: ServerState) -> web.Application:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         sp = WireSamplingParams(max_new_tokens=1, temperature=1.0, top_k=1, is_greedy=True)
-        engine.submit(Sequence(rid=f"HEALTH_CHECK_{time.time_ns()}", prompt=[0], sp=sp, on_done=partial(_resolve, loop, fut)))
+        engine.submit(
+            Sequence(
+                rid=f"HEALTH_CHECK_{time.time_ns()}", prompt=[0], sp=sp, on_done=partial(_resolve, loop, fut)
+            )
+        )
         try:
             await asyncio.wait_for(fut, timeout=20.0)
         except TimeoutError:
@@ -298,8 +322,8 @@ def build_app(state: ServerState) -> web.Application:
         cfg = state.served_config
         return web.json_response(
             {
-                "model_path": state.args.model_path,
-                "served_model_name": state.args.served_model_name or state.args.model_path,
+                "model_path": state.model_path,
+                "served_model_name": state.args.served_model_name or state.model_path,
                 "tokenizer_path": state.args.model_path,
                 "is_generation": True,
                 "preferred_sampling_params": None,
@@ -319,7 +343,7 @@ def build_app(state: ServerState) -> web.Application:
         a = state.args
         return web.json_response(
             {
-                "model_path": a.model_path,
+                "model_path": state.model_path,
                 "tokenizer_path": a.model_path,
                 "host": a.host,
                 "port": a.port,
@@ -379,7 +403,9 @@ async def serve(args: ServerArgs) -> None:
         state.engine.shutdown()
         await runner.cleanup()
         raise SystemExit(f"cannot bind {args.host}:{args.port}: {e}") from e
-    logger.info("rollflow CPU server (SGLang %s protocol) on http://%s:%d", PROTOCOL_VERSION, args.host, args.port)
+    logger.info(
+        "rollflow CPU server (SGLang %s protocol) on http://%s:%d", PROTOCOL_VERSION, args.host, args.port
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -64,6 +64,7 @@ class EngineConfig:
     max_prefill_tokens: int = 8192  # padded prompt tokens admitted per iteration (at least one request)
     weight_version: str = "default"
     seed: int | None = None  # seeds the draws of requests without sampling_seed
+    batch_window_s: float = 0.003  # an idle engine waits this long for a burst to arrive before prefilling
 
 
 @dataclass(eq=False)
@@ -146,7 +147,9 @@ class Engine:
 
     def abort(self, rid: str = "", abort_all: bool = False) -> Future[int]:
         """Abort requests whose rid starts with ``rid`` (SGLang's prefix match); returns how many."""
-        return self._command(lambda: self._abort_where(lambda s: abort_all or (bool(rid) and s.rid.startswith(rid))))
+        return self._command(
+            lambda: self._abort_where(lambda s: abort_all or (bool(rid) and s.rid.startswith(rid)))
+        )
 
     def pause(self, mode: PauseMode) -> Future[None]:
         return self._command(lambda: self._pause(mode))
@@ -217,6 +220,8 @@ class Engine:
                     commands, self._commands = self._commands, []
                     incoming, self._incoming = self._incoming, []
                     stopping = self._stopping
+                if incoming and not self._running and not commands and self.cfg.batch_window_s > 0:
+                    incoming += self._gather_burst()
                 for seq in incoming:
                     if seq.sp.max_new_tokens == 0:
                         self._deliver(seq, finish_length(0))
@@ -240,9 +245,21 @@ class Engine:
                         self._step()
                     except Exception as e:
                         logger.exception("forward pass failed; aborting the running requests")
-                        self._abort_where(lambda s: s in self._running, message=f"engine error: {e}", status=500)
+                        self._abort_where(
+                            lambda s: s in self._running, message=f"engine error: {e}", status=500
+                        )
                         self.cache.reset()
                 self._publish_snapshot()
+
+    def _gather_burst(self) -> list[Sequence]:
+        """Idle engine, first request in: wait ``batch_window_s`` so a burst (a GRPO group, a client's
+        concurrent calls) is prefilled and decoded as one batch instead of trickling in over several steps."""
+        deadline = time.monotonic() + self.cfg.batch_window_s
+        with self._cv:
+            while not self._stopping and (left := deadline - time.monotonic()) > 0:
+                self._cv.wait(timeout=left)
+            more, self._incoming = self._incoming, []
+        return more
 
     def _step(self) -> None:
         running = self._running
@@ -316,7 +333,12 @@ class Engine:
         self.cache.bind(lo, hi, write, kv_len)
         kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep else {}
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache, use_cache=True, **kwargs
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=self.cache,
+            use_cache=True,
+            **kwargs,
         )
         return out.logits[:, -1, :].float()  # [B, V]
 
@@ -327,7 +349,11 @@ class Engine:
             banned: tuple[int, ...] = ()
             if len(s.output_ids) < sp.min_new_tokens:
                 banned = tuple(sp.stop_token_ids) + (() if sp.ignore_eos else self.cfg.eos_token_ids)
-            u = seeded_uniform(sp.sampling_seed, s.n_tokens) if sp.sampling_seed is not None else self._rng.random()
+            u = (
+                seeded_uniform(sp.sampling_seed, s.n_tokens)
+                if sp.sampling_seed is not None
+                else self._rng.random()
+            )
             specs.append(RowSampling(sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.is_greedy, u, banned))
         tokens, lps = sample_rows(logits, specs)
         self._stats["generated_tokens"] += len(rows)
@@ -355,7 +381,9 @@ class Engine:
                 self._running[r] = moved
             self._running.pop()
 
-    def _abort_where(self, pred: Callable[[Sequence], bool], message: str = "Aborted", status: int | None = None) -> int:
+    def _abort_where(
+        self, pred: Callable[[Sequence], bool], message: str = "Aborted", status: int | None = None
+    ) -> int:
         running = [s for s in self._running if pred(s)]
         waiting = [s for s in self._waiting if pred(s)]
         if running:
@@ -366,7 +394,9 @@ class Engine:
         for s in running:
             self._deliver(s, finish_abort(message, status))
         for s in waiting:
-            self._deliver(s, finish_abort("Abort in waiting queue" if message == "Aborted" else message, status))
+            self._deliver(
+                s, finish_abort("Abort in waiting queue" if message == "Aborted" else message, status)
+            )
         self._stats["aborted_requests"] += len(running) + len(waiting)
         return len(running) + len(waiting)
 
@@ -405,7 +435,9 @@ class Engine:
             self.weight_version = p.weight_version
         self._stats["weight_updates"] += 1
         self._stats["last_swap_s"] = time.perf_counter() - t0
-        logger.info("weights swapped in %.3fs, weight_version=%s", self._stats["last_swap_s"], self.weight_version)
+        logger.info(
+            "weights swapped in %.3fs, weight_version=%s", self._stats["last_swap_s"], self.weight_version
+        )
         p.future.set_result(len(kept))
 
     def _deliver(self, seq: Sequence, finish: dict[str, Any]) -> None:

@@ -71,7 +71,10 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int
             if r.banned:
                 logits[i, list(r.banned)] = float("-inf")
     temps = torch.tensor([r.temperature for r in rows], dtype=logits.dtype).unsqueeze(1)  # [B, 1]
-    logp = torch.log_softmax(logits / temps, dim=-1)  # [B, V]
+    scaled = logits / temps  # [B, V]
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)  # [B, 1]; log p = scaled - lse
+    # float64 running sums for large vocabularies, where a float32 cumsum drifts (V * eps).
+    cdf_dtype = torch.float64 if V > 32768 else torch.float32
     tokens = [0] * B
 
     greedy = [i for i, r in enumerate(rows) if r.greedy]
@@ -80,11 +83,13 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int
         for i, t in zip(greedy, logits[g].argmax(dim=-1).tolist(), strict=True):
             tokens[i] = t
 
-    plain = [i for i, r in enumerate(rows) if not r.greedy and r.top_k >= V and r.top_p >= 1.0 and r.min_p <= 0.0]
+    plain = [
+        i for i, r in enumerate(rows) if not r.greedy and r.top_k >= V and r.top_p >= 1.0 and r.min_p <= 0.0
+    ]
     if plain:
         idx = torch.tensor(plain)
-        cdf = logp[idx].exp().double().cumsum(dim=-1)  # [b, V]
-        u = torch.tensor([rows[i].uniform for i in plain], dtype=torch.float64).unsqueeze(1)  # [b, 1]
+        cdf = (scaled[idx] - lse[idx]).exp_().to(cdf_dtype).cumsum_(dim=-1)  # [b, V]
+        u = torch.tensor([rows[i].uniform for i in plain], dtype=cdf_dtype).unsqueeze(1)  # [b, 1]
         pick = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=V - 1).squeeze(1)  # [b]
         for i, t in zip(plain, pick.tolist(), strict=True):
             tokens[i] = t
@@ -93,7 +98,7 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int
     filtered = [i for i in range(B) if i not in done]
     if filtered:
         idx = torch.tensor(filtered)
-        probs = logp[idx].exp()  # [b, V]
+        probs = (scaled[idx] - lse[idx]).exp_()  # [b, V]
         p_sorted, order = probs.sort(dim=-1, descending=True)  # [b, V]
         top_k = torch.tensor([min(rows[i].top_k, V) for i in filtered]).unsqueeze(1)  # [b, 1]
         top_p = torch.tensor([rows[i].top_p for i in filtered], dtype=probs.dtype).unsqueeze(1)
@@ -102,13 +107,14 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int
         drop = ranks >= top_k
         drop |= (p_sorted.cumsum(dim=-1) - p_sorted) > top_p
         drop |= p_sorted < p_sorted[:, :1] * min_p
-        kept = p_sorted.masked_fill(drop, 0.0).double()  # [b, V]
+        kept = p_sorted.masked_fill(drop, 0.0).to(cdf_dtype)  # [b, V]
         cdf = kept.cumsum(dim=-1)
-        u = torch.tensor([rows[i].uniform for i in filtered], dtype=torch.float64).unsqueeze(1)
+        u = torch.tensor([rows[i].uniform for i in filtered], dtype=cdf_dtype).unsqueeze(1)
         pick = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=V - 1)  # [b, 1]
         chosen = order.gather(1, pick).squeeze(1)  # [b]
         for i, t in zip(filtered, chosen.tolist(), strict=True):
             tokens[i] = t
 
-    lps = logp.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()  # [B]
+    picked = torch.tensor(tokens).unsqueeze(1)  # [B, 1]
+    lps = (scaled.gather(1, picked) - lse).squeeze(1).tolist()  # [B]
     return tokens, lps

@@ -3,9 +3,9 @@
 What it is: ``load_checked_weights`` reads a Hugging Face model directory (``config.json`` + safetensors,
 single file or sharded with ``model.safetensors.index.json``) fully into memory and checks it against the
 served model: same architecture fields in config.json, every parameter present with the right shape,
-floating dtype, all values finite. Only when every check passes does ``swap_weights_in_place`` copy the
-tensors into the existing parameters (``param.copy_``), so the model object, its buffers and the KV cache
-layout stay the same, and a failed check leaves the old weights serving untouched.
+floating dtype, all values finite. Only when every check passes does ``swap_weights_in_place`` point the
+existing parameters at the new tensors (``param.data = t``), so the model object, its buffers and the KV
+cache layout stay the same, and a failed check leaves the old weights serving untouched.
 
 What it is not: no pickle (``pytorch_model.bin`` is refused), no dtype policy beyond casting to the served
 dtype, no remote paths (the watcher fetches and verifies checkpoints into a local cache first).
@@ -76,7 +76,9 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
     if single.is_file():
         return [single]
     if any(model_dir.glob("*.bin")):
-        raise WeightLoadError(f"{model_dir} has only .bin weights; the CPU server loads safetensors only (no pickle)")
+        raise WeightLoadError(
+            f"{model_dir} has only .bin weights; the CPU server loads safetensors only (no pickle)"
+        )
     raise WeightLoadError(f"no model.safetensors (or sharded index) in {model_dir}")
 
 
@@ -110,7 +112,9 @@ def load_checked_weights(
         if t is None:
             raise WeightLoadError(f"checkpoint has no tensor {name!r}")
         if tuple(t.shape) != tuple(p.shape):
-            raise WeightLoadError(f"tensor {name!r} has shape {tuple(t.shape)}, the model needs {tuple(p.shape)}")
+            raise WeightLoadError(
+                f"tensor {name!r} has shape {tuple(t.shape)}, the model needs {tuple(p.shape)}"
+            )
         if not t.is_floating_point():
             raise WeightLoadError(f"tensor {name!r} has dtype {t.dtype}, expected a floating dtype")
         if not bool(torch.isfinite(t).all()):
@@ -124,6 +128,11 @@ def load_checked_weights(
 
 @torch.no_grad()
 def swap_weights_in_place(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy checked tensors into the live parameters (casting to their dtype); the caller holds the engine."""
+    """Point every live parameter at its checked tensor (cast to the served dtype); the caller holds the engine.
+
+    The ``nn.Parameter`` objects, the module tree and the KV cache stay; only the storage behind each
+    parameter changes (``param.data = tensor``), so the swap costs no copy and cannot fail half-way.
+    """
     for name, p in model.named_parameters():
-        p.copy_(tensors[name])
+        t = tensors[name]
+        p.data = t if t.dtype == p.dtype else t.to(p.dtype)

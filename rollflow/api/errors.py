@@ -9,7 +9,6 @@ What it is not: no error handling policy, no logging.
 from __future__ import annotations
 
 
-
 class RollflowError(Exception):
     """Base class of rollflow core errors."""
 

@@ -57,8 +57,7 @@ SAMPLING_KEYS = frozenset(
 )  # fmt: skip
 
 
-def _bad(message: str) -> InvalidRequestError:
-    return InvalidRequestError(message)
+_bad = InvalidRequestError
 
 
 def _is_int(x: Any) -> bool:
@@ -125,27 +124,21 @@ def parse_sampling_params(raw: Any, *, where: str = "sampling_params") -> WireSa
     if unknown:
         raise _bad(f"{where}: unknown key(s) {unknown}; see docs/inference.md for the accepted keys")
 
-    def get(key: str, default: Any) -> Any:
+    def typed(key: str, default: Any, ok: Any, what: str) -> Any:
         v = raw.get(key)
-        return default if v is None else v
+        v = default if v is None else v
+        if not ok(v):
+            raise _bad(f"{where}.{key} must be {what}, got {v!r}")
+        return v
 
     def number(key: str, default: float) -> float:
-        v = get(key, default)
-        if not _is_number(v) or not math.isfinite(float(v)):
-            raise _bad(f"{where}.{key} must be a finite number, got {v!r}")
-        return float(v)
+        return float(typed(key, default, lambda v: _is_number(v) and math.isfinite(v), "a finite number"))
 
     def integer(key: str, default: int) -> int:
-        v = get(key, default)
-        if not _is_int(v):
-            raise _bad(f"{where}.{key} must be an integer, got {v!r}")
-        return int(v)
+        return int(typed(key, default, _is_int, "an integer"))
 
     def boolean(key: str, default: bool) -> bool:
-        v = get(key, default)
-        if not isinstance(v, bool):
-            raise _bad(f"{where}.{key} must be true or false, got {v!r}")
-        return v
+        return bool(typed(key, default, lambda v: isinstance(v, bool), "true or false"))
 
     p = WireSamplingParams(
         max_new_tokens=integer("max_new_tokens", 128),
@@ -180,8 +173,8 @@ def parse_sampling_params(raw: Any, *, where: str = "sampling_params") -> WireSa
         p.sampling_seed = int(seed)
     bias = raw.get("logit_bias")
     if bias is not None:
-        if not isinstance(bias, dict):
-            raise _bad(f"{where}.logit_bias must be an object {{token_id: bias}}")
+        if not isinstance(bias, dict) or not all(_is_number(v) for v in bias.values()):
+            raise _bad(f"{where}.logit_bias must be an object {{token_id: number}}")
         p.logit_bias = {str(k): float(v) for k, v in bias.items()}
     p.constrained = any(raw.get(k) for k in ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex"))
 
@@ -316,24 +309,23 @@ def parse_generate_request(
     if not isinstance(ret_text, bool) or not isinstance(stream, bool):
         raise _bad("return_text_in_logprobs and stream must be true or false")
 
-    items = []
-    for i in range(n):
-        p_ids = prompts[i] if ids is not None else None
-        if p_ids is not None and context_len is not None:
-            check_context(len(p_ids), sps[i].max_new_tokens, context_len)
-        items.append(
-            GenerateItem(
-                rid=rids[i],
-                input_ids=p_ids,
-                text=prompts[i] if ids is None else None,
-                sampling=sps[i],
-                return_logprob=ret_lp[i],
-                logprob_start_len=start[i],
-                top_logprobs_num=top_n[i],
-                return_text_in_logprobs=ret_text,
-                stream=stream,
-            )
-        )
+    items = [
+        GenerateItem(
+            rids[i],
+            prompts[i] if ids is not None else None,
+            prompts[i] if ids is None else None,
+            sps[i],
+            ret_lp[i],
+            start[i],
+            top_n[i],
+            ret_text,
+            stream,
+        )  # fmt: skip
+        for i in range(n)
+    ]
+    for it in items:
+        if it.input_ids is not None and context_len is not None:
+            check_context(len(it.input_ids), it.sampling.max_new_tokens, context_len)
     return items, is_batch
 
 
@@ -381,7 +373,11 @@ def build_generate_payload(
         sp["stop_token_ids"] = list(stop_token_ids)
     if sampling_seed is not None:
         sp["sampling_seed"] = sampling_seed
-    body: dict[str, Any] = {"input_ids": list(input_ids), "sampling_params": sp, "return_logprob": return_logprob}
+    body: dict[str, Any] = {
+        "input_ids": list(input_ids),
+        "sampling_params": sp,
+        "return_logprob": return_logprob,
+    }
     if rid is not None:
         body["rid"] = rid
     return body
@@ -398,7 +394,9 @@ def finish_length(length: int) -> dict[str, Any]:
     return {"type": "length", "length": length}
 
 
-def finish_abort(message: str = "Aborted", status_code: int | None = None, err_type: str | None = None) -> dict[str, Any]:
+def finish_abort(
+    message: str = "Aborted", status_code: int | None = None, err_type: str | None = None
+) -> dict[str, Any]:
     return {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}
 
 
@@ -496,6 +494,9 @@ def parse_generate_response(obj: Any) -> GenerateOutput:
 # --- control routes --------------------------------------------------------------------------------------------
 
 
+_UPDATE_BOOL_KEYS = ("abort_all_requests", "is_async", "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "flush_cache")  # fmt: skip
+
+
 @dataclass
 class UpdateWeightFromDiskReqInput:
     """Body of ``POST /update_weights_from_disk`` (SGLang's fields and defaults)."""
@@ -520,7 +521,7 @@ class UpdateWeightFromDiskReqInput:
         if not isinstance(path, str) or not path:
             raise _bad("model_path is required and must be a non-empty string")
         out = cls(model_path=path)
-        for key in ("abort_all_requests", "is_async", "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "flush_cache"):
+        for key in _UPDATE_BOOL_KEYS:
             v = body.get(key)
             if v is not None:
                 if not isinstance(v, bool):
@@ -530,7 +531,7 @@ class UpdateWeightFromDiskReqInput:
             v = body.get(key)
             if v is not None:
                 if not isinstance(v, str):
-                    raise _bad(f"{key} must be a string, got {v!r} (weight_version is a string: \"7\", not 7)")
+                    raise _bad(f'{key} must be a string, got {v!r} (weight_version is a string: "7", not 7)')
                 setattr(out, key, v)
         if body.get("token_step") is not None:
             if not _is_int(body["token_step"]):

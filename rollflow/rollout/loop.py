@@ -308,7 +308,8 @@ async def run_rollout_loop(
     try:
         async with executor:
             executor.feed(cursor)
-            last_done = last_metrics = time.monotonic()
+            last_metrics = time.monotonic()
+            last_done = last_metrics - done_poll_s  # look for the done marker on the first tick
             while stopped_by is None:
                 await asyncio.sleep(poll_interval_s)
                 executor.raise_if_failed()

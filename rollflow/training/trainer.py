@@ -114,7 +114,10 @@ class Trainer:
         self.ctx = dist_ctx
         self.version = 0
         self.counters = {"groups_consumed": 0, "dropped_stale": 0, "quarantined": 0}
-        self._last_resume_version = -1
+        self.publisher: CheckpointPublisher | None = None  # rank 0 only
+        self._last_resume_version = 0  # version 0 needs none: a fresh start rebuilds it
+        self._step_cursor: dict[str, Any] = {}  # reader cursor after the last completed step (rank 0)
+        self._pending_cursor: dict[str, Any] = {}  # reader cursor after the batch in hand (rank 0)
 
     # --- setup --------------------------------------------------------------------------------------------
 
@@ -284,7 +287,6 @@ class Trainer:
             self._resume(int(plan["resume_step"]))
             resumed_from = self.version
         self._step_cursor = self.reader.cursor.to_json() if self.reader is not None else {}
-        self.publisher = None
         if ctx.is_main:
             self.publisher = CheckpointPublisher(
                 self.store,
@@ -374,7 +376,9 @@ class Trainer:
         """One training step; False if stopped before it began."""
         ctx, cfg, tcfg = self.ctx, self.cfg, self.cfg.train
         assert ctx is not None
+        t_take = time.perf_counter()
         batch, info = self._take_batch()
+        take_s = time.perf_counter() - t_take  # reading + padding (+ waiting, if the rollout lags)
         if batch is None:
             return False
         if self.hooks is not None:
@@ -411,7 +415,7 @@ class Trainer:
             self._publish(wait=cfg.rollout.pause_during_training)
         if self.version % tcfg.resume_every == 0 or self.version == tcfg.steps:
             self._write_resume_point()
-        step_s = time.perf_counter() - t0
+        step_s = take_s + time.perf_counter() - t0  # the hooks' time is not the trainer's
         if ctx.is_main:
             metrics = {
                 **stats,
@@ -424,6 +428,7 @@ class Trainer:
                 "seqs": float(batch.n_seqs),
                 "tokens": float(batch.n_tokens),
                 "train_tokens_per_s": batch.n_tokens / max(compute_s, 1e-9),
+                "take_time_s": take_s,
                 "compute_time_s": compute_s,
                 "checkpoint_time_s": time.perf_counter() - t1,
                 "step_time_s": step_s,

@@ -45,7 +45,9 @@ def call(addr: str, path: str, body: Any = None, *, raw: bytes | None = None, me
 
 def generate(addr: str, ids: list[int], **sp: Any) -> dict[str, Any]:
     extra = {k: sp.pop(k) for k in ("rid",) if k in sp}
-    status, out = call(addr, "/generate", {"input_ids": ids, "sampling_params": sp, "return_logprob": True, **extra})
+    status, out = call(
+        addr, "/generate", {"input_ids": ids, "sampling_params": sp, "return_logprob": True, **extra}
+    )
     assert status == 200, out
     return out
 
@@ -82,17 +84,29 @@ def test_generate_reply_has_sglang_shape(addr: str) -> None:
     assert [t[1] for t in triples] == out["output_ids"] and all(t[0] <= 0 and t[2] is None for t in triples)
 
     # A batch of input_ids: a list of replies, a string rid becomes the prefix rid_i (SGLang).
-    status, batch = call(addr, "/generate", {"input_ids": [PROMPT, [9, 10]], "rid": "b", "sampling_params": {"max_new_tokens": 2}})
+    status, batch = call(
+        addr,
+        "/generate",
+        {"input_ids": [PROMPT, [9, 10]], "rid": "b", "sampling_params": {"max_new_tokens": 2}},
+    )
     assert status == 200 and [r["meta_info"]["id"] for r in batch] == ["b_0", "b_1"]
     # text in, when the model dir has a tokenizer; max_new_tokens 0 returns at once.
     status, t = call(addr, "/generate", {"text": "1+2=", "sampling_params": {"max_new_tokens": 0}})
-    assert status == 200 and t["output_ids"] == [] and t["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+    assert (
+        status == 200
+        and t["output_ids"] == []
+        and t["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+    )
 
 
 def test_32_concurrent_requests_are_decoded_together(addr: str) -> None:
     before = stats(addr)
     with ThreadPoolExecutor(32) as pool:
-        outs = list(pool.map(lambda i: generate(addr, [5 + i % 7, 6, 7], max_new_tokens=24, ignore_eos=True), range(32)))
+        outs = list(
+            pool.map(
+                lambda i: generate(addr, [5 + i % 7, 6, 7], max_new_tokens=24, ignore_eos=True), range(32)
+            )
+        )
     after = stats(addr)
     assert all(len(o["output_ids"]) == 24 for o in outs)
     steps = after["decode_steps"] - before["decode_steps"]
@@ -107,7 +121,9 @@ def test_logprobs_equal_teacher_forced_forward(addr: str, tiny_model_dir: Path, 
     # Prompts of different lengths in flight together: exercises padding, masks and slot compaction.
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20], [30, 31, 32, 33, 34]]
     with ThreadPoolExecutor(4) as pool:
-        outs = list(pool.map(lambda p: generate(addr, p, max_new_tokens=20 + len(p), ignore_eos=True), prompts))
+        outs = list(
+            pool.map(lambda p: generate(addr, p, max_new_tokens=20 + len(p), ignore_eos=True), prompts)
+        )
     for p, o in zip(prompts, outs, strict=True):
         ref = inference_lib.teacher_forced_logprobs(tiny_model_dir, p + o["output_ids"], len(p))
         got = [t[0] for t in o["meta_info"]["output_token_logprobs"]]
@@ -125,7 +141,9 @@ def test_logprobs_equal_teacher_forced_forward(addr: str, tiny_model_dir: Path, 
     logits = inference_lib.teacher_forced_logits(tiny_model_dir, ids)
     assert o["output_ids"] == [int(logits[t - 1].argmax()) for t in range(4, len(ids))]
     ref = inference_lib.teacher_forced_logprobs(tiny_model_dir, ids, 4)
-    assert max(abs(t[0] - r) for t, r in zip(o["meta_info"]["output_token_logprobs"], ref, strict=True)) < 1e-4
+    assert (
+        max(abs(t[0] - r) for t, r in zip(o["meta_info"]["output_token_logprobs"], ref, strict=True)) < 1e-4
+    )
 
 
 def test_seeded_sampling_is_deterministic(addr: str) -> None:
@@ -138,7 +156,10 @@ def test_seeded_sampling_is_deterministic(addr: str) -> None:
     assert a != c
     # top_k = 1 is greedy, whatever the temperature (SGLang).
     g = generate(addr, PROMPT, max_new_tokens=16, temperature=0.0, ignore_eos=True)["output_ids"]
-    assert generate(addr, PROMPT, max_new_tokens=16, temperature=1.3, top_k=1, ignore_eos=True)["output_ids"] == g
+    assert (
+        generate(addr, PROMPT, max_new_tokens=16, temperature=1.3, top_k=1, ignore_eos=True)["output_ids"]
+        == g
+    )
 
 
 @pytest.mark.parametrize(
@@ -146,10 +167,19 @@ def test_seeded_sampling_is_deterministic(addr: str) -> None:
     [{"top_k": 3}, {"top_p": 0.5}, {"min_p": 0.3}, {"top_k": 5, "top_p": 0.8, "temperature": 0.8}],
     ids=["top_k", "top_p", "min_p", "combined"],
 )
-def test_sampling_filters_follow_sglang(addr: str, tiny_model_dir: Path, inference_lib: Any, params: dict[str, Any]) -> None:
+def test_sampling_filters_follow_sglang(
+    addr: str, tiny_model_dir: Path, inference_lib: Any, params: dict[str, Any]
+) -> None:
     T = params.get("temperature", 1.0)
     with ThreadPoolExecutor(4) as pool:
-        outs = list(pool.map(lambda s: generate(addr, PROMPT, max_new_tokens=16, ignore_eos=True, sampling_seed=s, **params), range(4)))
+        outs = list(
+            pool.map(
+                lambda s: generate(
+                    addr, PROMPT, max_new_tokens=16, ignore_eos=True, sampling_seed=s, **params
+                ),
+                range(4),
+            )
+        )
     for o in outs:
         ids = PROMPT + o["output_ids"]
         probs = torch.softmax(inference_lib.teacher_forced_logits(tiny_model_dir, ids) / T, dim=-1)
@@ -165,7 +195,9 @@ def test_sampling_filters_follow_sglang(addr: str, tiny_model_dir: Path, inferen
 def test_stop_token_ids_end_generation_and_are_returned(addr: str) -> None:
     greedy = generate(addr, PROMPT, max_new_tokens=30, temperature=0.0, ignore_eos=True)["output_ids"]
     stop_at = next(i for i, t in enumerate(greedy) if t not in greedy[:i] and i >= 2)
-    out = generate(addr, PROMPT, max_new_tokens=30, temperature=0.0, ignore_eos=True, stop_token_ids=[greedy[stop_at]])
+    out = generate(
+        addr, PROMPT, max_new_tokens=30, temperature=0.0, ignore_eos=True, stop_token_ids=[greedy[stop_at]]
+    )
     assert out["output_ids"] == greedy[: stop_at + 1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": greedy[stop_at]}
 
@@ -176,7 +208,9 @@ def test_abort_request_matches_rid_prefix_and_returns_partial_output(addr: str) 
     def run(rid: str, n: int) -> None:
         results[rid] = generate(addr, PROMPT, max_new_tokens=n, ignore_eos=True, rid=rid)
 
-    threads = [threading.Thread(target=run, args=a) for a in (("job7-a", 900), ("job7-b", 900), ("other", 60))]
+    threads = [
+        threading.Thread(target=run, args=a) for a in (("job7-a", 900), ("job7-b", 900), ("other", 60))
+    ]
     for t in threads:
         t.start()
     wait_running(addr, n=3, min_tokens=30)
@@ -195,14 +229,19 @@ def test_abort_request_matches_rid_prefix_and_returns_partial_output(addr: str) 
 
 def test_pause_abort_returns_partials_and_new_requests_wait(addr: str) -> None:
     first: dict[str, Any] = {}
-    t1 = threading.Thread(target=lambda: first.update(generate(addr, PROMPT, max_new_tokens=900, ignore_eos=True)))
+    t1 = threading.Thread(
+        target=lambda: first.update(generate(addr, PROMPT, max_new_tokens=900, ignore_eos=True))
+    )
     t1.start()
     wait_running(addr, min_tokens=20)
-    assert call(addr, "/pause_generation", {"mode": "abort"}) == (200, {"message": "Generation paused successfully.", "status": "ok"})
+    assert call(addr, "/pause_generation", {"mode": "abort"}) == (
+        200,
+        {"message": "Generation paused successfully.", "status": "ok"},
+    )
     t1.join(10)
     assert first["meta_info"]["finish_reason"]["type"] == "abort" and 0 < len(first["output_ids"]) < 900
     second: dict[str, Any] = {}
-    t2 = threading.Thread(target=lambda: second.update(generate(addr, PROMPT, max_new_tokens=5)))
+    t2 = threading.Thread(target=lambda: second.update(generate(addr, PROMPT, max_new_tokens=5, ignore_eos=True)))
     t2.start()
     time.sleep(0.5)
     assert t2.is_alive() and not second, "a /generate while paused must wait, not fail"
@@ -214,7 +253,11 @@ def test_pause_abort_returns_partials_and_new_requests_wait(addr: str) -> None:
 @pytest.mark.parametrize("mode", ["retract", "in_place"])
 def test_pause_retract_and_in_place_keep_requests(addr: str, mode: str) -> None:
     out: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: out.update(generate(addr, PROMPT, max_new_tokens=300, temperature=0.0, ignore_eos=True)))
+    t = threading.Thread(
+        target=lambda: out.update(
+            generate(addr, PROMPT, max_new_tokens=300, temperature=0.0, ignore_eos=True)
+        )
+    )
     t.start()
     wait_running(addr, min_tokens=10)
     assert call(addr, "/pause_generation", {"mode": mode})[0] == 200
@@ -225,7 +268,10 @@ def test_pause_retract_and_in_place_keep_requests(addr: str, mode: str) -> None:
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 300}
     assert out["meta_info"]["num_retractions"] == (1 if mode == "retract" else 0)
     # Retracted requests recompute their KV from prompt + output: same greedy tokens as an uninterrupted run.
-    assert out["output_ids"] == generate(addr, PROMPT, max_new_tokens=300, temperature=0.0, ignore_eos=True)["output_ids"]
+    assert (
+        out["output_ids"]
+        == generate(addr, PROMPT, max_new_tokens=300, temperature=0.0, ignore_eos=True)["output_ids"]
+    )
 
 
 def _bad_checkpoints(tmp: Path, good: Path, inference_lib: Any) -> dict[str, tuple[Path, str]]:
@@ -262,33 +308,65 @@ def test_failed_weight_updates_keep_old_weights_serving(
 ) -> None:
     before = generate(addr, PROMPT, max_new_tokens=20, temperature=0.0, ignore_eos=True)["output_ids"]
     for name, (path, fragment) in _bad_checkpoints(tmp_path, tiny_model_dir_b, inference_lib).items():
-        status, body = call(addr, "/update_weights_from_disk", {"model_path": str(path), "weight_version": "9"})
+        status, body = call(
+            addr, "/update_weights_from_disk", {"model_path": str(path), "weight_version": "9"}
+        )
         assert status == 400 and body["success"] is False, name
-        assert body["message"].startswith("Failed to get weights iterator:") and fragment in body["message"], body
-        assert generate(addr, PROMPT, max_new_tokens=20, temperature=0.0, ignore_eos=True)["output_ids"] == before
+        assert (
+            body["message"].startswith("Failed to get weights iterator:") and fragment in body["message"]
+        ), body
+        assert (
+            generate(addr, PROMPT, max_new_tokens=20, temperature=0.0, ignore_eos=True)["output_ids"]
+            == before
+        )
         assert call(addr, "/get_model_info")[1]["weight_version"] == "0"
 
 
-def test_successful_update_swaps_weights_and_bumps_version(addr: str, tiny_model_dir: Path, tiny_model_dir_b: Path, inference_lib: Any) -> None:
+def test_successful_update_swaps_weights_and_bumps_version(
+    addr: str, tiny_model_dir: Path, tiny_model_dir_b: Path, inference_lib: Any
+) -> None:
     try:
-        status, body = call(addr, "/update_weights_from_disk", {"model_path": str(tiny_model_dir_b), "weight_version": "1"})
-        assert (status, body) == (200, {"success": True, "message": "Succeeded to update model weights. Weight version updated to 1.", "num_paused_requests": 0})
+        status, body = call(
+            addr, "/update_weights_from_disk", {"model_path": str(tiny_model_dir_b), "weight_version": "1"}
+        )
+        assert (status, body) == (
+            200,
+            {
+                "success": True,
+                "message": "Succeeded to update model weights. Weight version updated to 1.",
+                "num_paused_requests": 0,
+            },
+        )
         o = generate(addr, PROMPT, max_new_tokens=10, temperature=0.0, ignore_eos=True)
         assert o["meta_info"]["weight_version"] == "1"
         ref = inference_lib.teacher_forced_logprobs(tiny_model_dir_b, PROMPT + o["output_ids"], 4)
-        assert max(abs(t[0] - r) for t, r in zip(o["meta_info"]["output_token_logprobs"], ref, strict=True)) < 1e-4
+        assert (
+            max(abs(t[0] - r) for t, r in zip(o["meta_info"]["output_token_logprobs"], ref, strict=True))
+            < 1e-4
+        )
     finally:  # the session server must go back to tiny_model_dir / "0"
-        assert call(addr, "/update_weights_from_disk", {"model_path": str(tiny_model_dir), "weight_version": "0"})[0] == 200
+        assert (
+            call(
+                addr, "/update_weights_from_disk", {"model_path": str(tiny_model_dir), "weight_version": "0"}
+            )[0]
+            == 200
+        )
 
 
-def test_update_during_in_place_pause_records_weight_version_spans(addr: str, tiny_model_dir: Path, tiny_model_dir_b: Path) -> None:
+def test_update_during_in_place_pause_records_weight_version_spans(
+    addr: str, tiny_model_dir: Path, tiny_model_dir_b: Path
+) -> None:
     out: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: out.update(generate(addr, PROMPT, max_new_tokens=400, ignore_eos=True)))
+    t = threading.Thread(
+        target=lambda: out.update(generate(addr, PROMPT, max_new_tokens=400, ignore_eos=True))
+    )
     t.start()
     wait_running(addr, min_tokens=10)
     try:
         assert call(addr, "/pause_generation", {"mode": "in_place"})[0] == 200
-        status, body = call(addr, "/update_weights_from_disk", {"model_path": str(tiny_model_dir_b), "weight_version": "1"})
+        status, body = call(
+            addr, "/update_weights_from_disk", {"model_path": str(tiny_model_dir_b), "weight_version": "1"}
+        )
         assert status == 200 and body["num_paused_requests"] == 1
         assert call(addr, "/continue_generation", {})[0] == 200
         t.join(30)
@@ -297,7 +375,9 @@ def test_update_during_in_place_pause_records_weight_version_spans(addr: str, ti
         call(addr, "/update_weights_from_disk", {"model_path": str(tiny_model_dir), "weight_version": "0"})
     spans = out["meta_info"]["weight_versions"]
     assert [s["version"] for s in spans] == ["0", "1"]
-    assert spans[0]["start"] == 0 and 0 < spans[0]["end"] == spans[1]["start"] < 400 and spans[1]["end"] == 400
+    assert (
+        spans[0]["start"] == 0 and 0 < spans[0]["end"] == spans[1]["start"] < 400 and spans[1]["end"] == 400
+    )
     assert out["meta_info"]["weight_version"] == "1"
 
 
@@ -306,28 +386,106 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("malformed json", "/generate", b"{not json", 400, "malformed JSON body"),
     ("body not an object", "/generate", [1, 2], 400, "must be a JSON object"),
     ("no prompt", "/generate", {"sampling_params": {}}, 400, "Either text, input_ids or input_embeds"),
-    ("text and ids", "/generate", {"text": "1", "input_ids": [1]}, 400, "cannot be provided at the same time"),
+    (
+        "text and ids",
+        "/generate",
+        {"text": "1", "input_ids": [1]},
+        400,
+        "cannot be provided at the same time",
+    ),
     ("empty input_ids", "/generate", {"input_ids": []}, 400, "input_ids must not be empty"),
     ("string token", "/generate", {"input_ids": [1, "a"]}, 400, "input_ids[1] must be an integer token id"),
     ("float token", "/generate", {"input_ids": [1.5]}, 400, "must be an integer token id"),
     ("bool token", "/generate", {"input_ids": [True]}, 400, "must be an integer token id"),
-    ("token above vocab", "/generate", {"input_ids": [3, 10_000]}, 400, "input_ids[1] = 10000 is outside the vocabulary; valid range is [0, 48)"),
+    (
+        "token above vocab",
+        "/generate",
+        {"input_ids": [3, 10_000]},
+        400,
+        "input_ids[1] = 10000 is outside the vocabulary; valid range is [0, 48)",
+    ),
     ("negative token", "/generate", {"input_ids": [-1]}, 400, "outside the vocabulary"),
-    ("negative max_new_tokens", "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}, 400, "max_new_tokens must be at least 0"),
-    ("huge max_new_tokens", "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 10**9}}, 400, "exceeds the model's maximum context length of 1024"),
-    ("prompt too long", "/generate", {"input_ids": [1] * 1024}, 400, "longer than the model's context length"),
-    ("non-int max_new_tokens", "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": "5"}}, 400, "max_new_tokens must be an integer"),
-    ("negative temperature", "/generate", {"input_ids": [1], "sampling_params": {"temperature": -1}}, 400, "temperature must be a non-negative"),
-    ("top_p zero", "/generate", {"input_ids": [1], "sampling_params": {"top_p": 0}}, 400, "top_p must be in (0, 1]"),
+    (
+        "negative max_new_tokens",
+        "/generate",
+        {"input_ids": [1], "sampling_params": {"max_new_tokens": -1}},
+        400,
+        "max_new_tokens must be at least 0",
+    ),
+    (
+        "huge max_new_tokens",
+        "/generate",
+        {"input_ids": [1], "sampling_params": {"max_new_tokens": 10**9}},
+        400,
+        "exceeds the model's maximum context length of 1024",
+    ),
+    (
+        "prompt too long",
+        "/generate",
+        {"input_ids": [1] * 1024},
+        400,
+        "longer than the model's context length",
+    ),
+    (
+        "non-int max_new_tokens",
+        "/generate",
+        {"input_ids": [1], "sampling_params": {"max_new_tokens": "5"}},
+        400,
+        "max_new_tokens must be an integer",
+    ),
+    (
+        "negative temperature",
+        "/generate",
+        {"input_ids": [1], "sampling_params": {"temperature": -1}},
+        400,
+        "temperature must be a non-negative",
+    ),
+    (
+        "top_p zero",
+        "/generate",
+        {"input_ids": [1], "sampling_params": {"top_p": 0}},
+        400,
+        "top_p must be in (0, 1]",
+    ),
     ("top_k zero", "/generate", {"input_ids": [1], "sampling_params": {"top_k": 0}}, 400, "top_k must be -1"),
-    ("min_p above 1", "/generate", {"input_ids": [1], "sampling_params": {"min_p": 2}}, 400, "min_p must be in [0, 1]"),
-    ("unknown sampling key", "/generate", {"input_ids": [1], "sampling_params": {"max_tokens": 5}}, 400, "unknown key(s) ['max_tokens']"),
-    ("unsupported stop strings", "/generate", {"input_ids": [1], "sampling_params": {"stop": "\n"}}, 400, "not supported by rollflow's CPU server: stop"),
+    (
+        "min_p above 1",
+        "/generate",
+        {"input_ids": [1], "sampling_params": {"min_p": 2}},
+        400,
+        "min_p must be in [0, 1]",
+    ),
+    (
+        "unknown sampling key",
+        "/generate",
+        {"input_ids": [1], "sampling_params": {"max_tokens": 5}},
+        400,
+        "unknown key(s) ['max_tokens']",
+    ),
+    (
+        "unsupported stop strings",
+        "/generate",
+        {"input_ids": [1], "sampling_params": {"stop": "\n"}},
+        400,
+        "not supported by rollflow's CPU server: stop",
+    ),
     ("unsupported stream", "/generate", {"input_ids": [1], "stream": True}, 400, "stream"),
-    ("bad seed", "/generate", {"input_ids": [1], "sampling_params": {"sampling_seed": 1.5}}, 400, "sampling_seed must be an integer"),
+    (
+        "bad seed",
+        "/generate",
+        {"input_ids": [1], "sampling_params": {"sampling_seed": 1.5}},
+        400,
+        "sampling_seed must be an integer",
+    ),
     ("bad rid", "/generate", {"input_ids": [1], "rid": 5}, 400, "The rid should be a string"),
     ("update without model_path", "/update_weights_from_disk", {}, 400, "model_path is required"),
-    ("update with int version", "/update_weights_from_disk", {"model_path": "/x", "weight_version": 3}, 400, "weight_version must be a string"),
+    (
+        "update with int version",
+        "/update_weights_from_disk",
+        {"model_path": "/x", "weight_version": 3},
+        400,
+        "weight_version must be a string",
+    ),
     ("bad pause mode", "/pause_generation", {"mode": "bogus"}, 400, "mode must be one of"),
     ("bad abort body", "/abort_request", {"rid": 5}, 400, "rid must be a string"),
     ("unknown route", "/generate_v2", {"input_ids": [1]}, 404, "Not Found"),
@@ -335,18 +493,29 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
 
 
 @pytest.mark.parametrize("name,route,body,status,fragment", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
-def test_bad_requests_get_4xx_with_a_clear_message(addr: str, name: str, route: str, body: Any, status: int, fragment: str) -> None:
-    got_status, reply = call(addr, route, raw=body if isinstance(body, bytes) else None, body=None if isinstance(body, bytes) else body)
+def test_bad_requests_get_4xx_with_a_clear_message(
+    addr: str, name: str, route: str, body: Any, status: int, fragment: str
+) -> None:
+    got_status, reply = call(
+        addr,
+        route,
+        raw=body if isinstance(body, bytes) else None,
+        body=None if isinstance(body, bytes) else body,
+    )
     assert got_status == status, reply
     assert fragment in reply["error"]["message"], reply
 
 
 def test_server_keeps_serving_after_bad_requests_and_reports_info(addr: str) -> None:
     assert call(addr, "/generate", method="GET")[0] == 405
-    assert len(generate(addr, PROMPT, max_new_tokens=3)["output_ids"]) == 3
+    assert len(generate(addr, PROMPT, max_new_tokens=3, ignore_eos=True)["output_ids"]) == 3
     assert call(addr, "/health")[0] == 200 and call(addr, "/health_generate")[0] == 200
     info = call(addr, "/get_model_info")[1]
-    assert info["weight_version"] == "0" and info["is_generation"] and info["architectures"] == ["LlamaForCausalLM"]
+    assert (
+        info["weight_version"] == "0"
+        and info["is_generation"]
+        and info["architectures"] == ["LlamaForCausalLM"]
+    )
     server = call(addr, "/get_server_info")[1]
     assert server["version"] == "0.5.23" and server["status"] == "ready" and server["api_key"] is None
     status, text = call(addr, "/flush_cache", method="POST")

@@ -40,7 +40,7 @@ def keyed_server(tiny_model_dir: Path, inference_lib: Any) -> Any:
 
 def test_api_key_is_required_except_on_health(keyed_server: ServerGroup) -> None:
     addr = keyed_server.addresses[0]
-    body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}}
+    body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
     assert post(addr, "/generate", body) == (401, {"error": "Unauthorized"})
     assert post(addr, "/generate", body, key="wrong-key")[0] == 401
     assert post(addr, "/pause_generation", {}, key=None)[0] == 401
@@ -56,7 +56,9 @@ def test_sigterm_returns_partial_output_and_exits_cleanly(keyed_server: ServerGr
     addr = keyed_server.addresses[0]
     out: dict[str, Any] = {}
     body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
-    t = threading.Thread(target=lambda: out.update(zip(("status", "body"), post(addr, "/generate", body, key=KEY))))
+    t = threading.Thread(
+        target=lambda: out.update(zip(("status", "body"), post(addr, "/generate", body, key=KEY), strict=True))
+    )
     t.start()
     time.sleep(0.5)
     t0 = time.monotonic()
@@ -75,4 +77,10 @@ def test_commands_and_redaction(tiny_model_dir: Path) -> None:
     assert cmd[1:3] == ["-m", "infra.cpu_server"]
     assert cmd[cmd.index("--port") + 1] == "1234" and cmd[cmd.index("--weight-version") + 1] == "3"
     assert cmd[cmd.index("--threads") + 1] == "2" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
-    assert redact_command(["x", "--api-key", "s3cret", "--port", "1"]) == ["x", "--api-key", "<redacted>", "--port", "1"]
+    assert redact_command(["x", "--api-key", "s3cret", "--port", "1"]) == [
+        "x",
+        "--api-key",
+        "<redacted>",
+        "--port",
+        "1",
+    ]

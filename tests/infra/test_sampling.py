@@ -11,7 +11,9 @@ from infra.cpu_server.sampling import RowSampling, sample_rows, seeded_uniform
 ALL = 1 << 30
 
 
-def row(u: float, *, t: float = 1.0, k: int = ALL, p: float = 1.0, min_p: float = 0.0, greedy: bool = False) -> RowSampling:
+def row(
+    u: float, *, t: float = 1.0, k: int = ALL, p: float = 1.0, min_p: float = 0.0, greedy: bool = False
+) -> RowSampling:
     return RowSampling(temperature=t, top_k=k, top_p=p, min_p=min_p, greedy=greedy, uniform=u)
 
 

@@ -32,7 +32,10 @@ def test_command_has_model_host_port_tp_and_nothing_unset() -> None:
 
 def test_command_with_every_option() -> None:
     sg = SGLangConfig(
-        python="/opt/venv/bin/python", tp_size=2, mem_fraction_static=0.8, extra_args=["--log-level", "warning"]
+        python="/opt/venv/bin/python",
+        tp_size=2,
+        mem_fraction_static=0.8,
+        extra_args=["--log-level", "warning"],
     )
     cmd = build_sglang_command(
         "/m", port=1, sglang=sg, api_key="k", weight_version="7", base_gpu_id=2, dtype="bfloat16"
@@ -92,7 +95,9 @@ def test_launch_waits_for_health_and_stops_cleanly(
         )
         with urllib.request.urlopen(req, timeout=10) as r:
             assert json.loads(r.read())["weight_version"] == "0"  # cfg.initial_weight_version
-        record: dict[str, Any] = json.loads(Path(fake_sglang["FAKE_SGLANG_RECORD"]).read_text().splitlines()[0])
+        record: dict[str, Any] = json.loads(
+            Path(fake_sglang["FAKE_SGLANG_RECORD"]).read_text().splitlines()[0]
+        )
         argv = record["argv"]
         assert argv[argv.index("--tp-size") + 1] == "2" and argv[argv.index("--base-gpu-id") + 1] == "4"
         assert record["extra"] == ["--enable-metrics"]

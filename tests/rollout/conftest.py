@@ -106,7 +106,9 @@ def teacher_forced_logits(model_dir: Path, ids: list[int]) -> Any:
         return _load_model(str(model_dir))(torch.tensor([ids])).logits[0].float()
 
 
-def teacher_forced_logprobs(model_dir: Path, ids: list[int], n_prompt: int, temperature: float = 1.0) -> list[float]:
+def teacher_forced_logprobs(
+    model_dir: Path, ids: list[int], n_prompt: int, temperature: float = 1.0
+) -> list[float]:
     """log softmax(logits / T)[ids[t]] at every t >= n_prompt: what the server must report per token."""
     import torch
 

@@ -38,7 +38,9 @@ async def wait_tokens(addr: str, n: int, timeout: float = 10.0) -> None:
 
 
 def greedy(n: int, rid: str | None = None) -> GenerateRequest:
-    return GenerateRequest(PROMPT, SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True), rid=rid)
+    return GenerateRequest(
+        PROMPT, SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True), rid=rid
+    )
 
 
 def check_logprobs(r: GenerateResult, model_dir: Path, lib: Any) -> None:
@@ -46,12 +48,16 @@ def check_logprobs(r: GenerateResult, model_dir: Path, lib: Any) -> None:
     assert max(abs(a - b) for a, b in zip(r.output_logprobs, ref, strict=True)) < 1e-4
 
 
-def test_agenerate_returns_tokens_logprobs_and_versions(cpu_server: Any, tiny_model_dir: Path, inference_lib: Any) -> None:
+def test_agenerate_returns_tokens_logprobs_and_versions(
+    cpu_server: Any, tiny_model_dir: Path, inference_lib: Any
+) -> None:
     async def go() -> GenerateResult:
         client = SGLangClient(cpu_server.addresses)
         assert isinstance(client, InferenceClient)
         try:
-            return await client.agenerate(GenerateRequest(PROMPT, SamplingParams(max_new_tokens=12, ignore_eos=True), rid="ep-1"))
+            return await client.agenerate(
+                GenerateRequest(PROMPT, SamplingParams(max_new_tokens=12, ignore_eos=True), rid="ep-1")
+            )
         finally:
             await client.aclose()
 
@@ -62,7 +68,9 @@ def test_agenerate_returns_tokens_logprobs_and_versions(cpu_server: Any, tiny_mo
     check_logprobs(r, tiny_model_dir, inference_lib)
 
 
-def test_pause_mid_generation_resumes_within_the_token_budget(cpu_server: Any, tiny_model_dir: Path, inference_lib: Any) -> None:
+def test_pause_mid_generation_resumes_within_the_token_budget(
+    cpu_server: Any, tiny_model_dir: Path, inference_lib: Any
+) -> None:
     addr = cpu_server.addresses[0]
 
     async def go() -> tuple[GenerateResult, GenerateResult]:
@@ -158,7 +166,9 @@ def test_rid_affinity_and_least_loaded_spread(two_servers: Any) -> None:
     assert len(set(turns)) == 1  # one episode's turns stay on one server
 
 
-def test_failover_resumes_from_partial_output_when_a_server_dies(two_servers: Any, tiny_model_dir: Path, inference_lib: Any) -> None:
+def test_failover_resumes_from_partial_output_when_a_server_dies(
+    two_servers: Any, tiny_model_dir: Path, inference_lib: Any
+) -> None:
     """Server A returns a partial (paused), then dies while the client waits on it: B finishes the rest."""
     a, b = two_servers.addresses
 

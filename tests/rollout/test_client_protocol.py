@@ -23,7 +23,9 @@ def test_sampling_params_are_normalised_like_sglang() -> None:
     sp = item.sampling
     assert not is_batch and (sp.temperature, sp.top_k, sp.is_greedy) == (1.0, 1, True)  # T < 1e-6: greedy
     assert sp.max_new_tokens == 128 and sp.top_p == 1.0 and sp.skip_special_tokens  # SGLang defaults
-    (item,), _ = parse_generate_request({"input_ids": [1], "sampling_params": {"top_k": -1, "temperature": None}})
+    (item,), _ = parse_generate_request(
+        {"input_ids": [1], "sampling_params": {"top_k": -1, "temperature": None}}
+    )
     assert item.sampling.top_k == TOP_K_ALL and item.sampling.temperature == 1.0  # null means default
     items, is_batch = parse_generate_request({"input_ids": [[1], [2, 3]], "rid": "g"})
     assert is_batch and [i.rid for i in items] == ["g_0", "g_1"]
@@ -40,13 +42,18 @@ def test_weight_version_spans_worked_examples() -> None:
     # An update to the same version merges; an event at 0 tokens leaves no empty span.
     assert compute_weight_version_spans([("4", 0), ("4", 3)], "4", 6) == [WeightVersionSpan("4", 0, 6)]
     assert compute_weight_version_spans([], "7", 0) == [WeightVersionSpan("7", 0, 0)]
-    meta = {"weight_version": "4", "weight_versions": [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 3}]}
+    meta = {
+        "weight_version": "4",
+        "weight_versions": [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 3}],
+    }
     assert token_versions_from_meta(meta, 3) == ["3", "3", "4"]
     assert token_versions_from_meta({"weight_version": "9"}, 2) == ["9", "9"]  # no spans: one version
 
 
 def test_client_payload_and_reply_parsing() -> None:
-    body = build_generate_payload([1, 2], max_new_tokens=5, temperature=0.5, stop_token_ids=[3], sampling_seed=7, rid="r-0")
+    body = build_generate_payload(
+        [1, 2], max_new_tokens=5, temperature=0.5, stop_token_ids=[3], sampling_seed=7, rid="r-0"
+    )
     assert body == {
         "input_ids": [1, 2],
         "sampling_params": {
@@ -63,7 +70,11 @@ def test_client_payload_and_reply_parsing() -> None:
                       "output_token_logprobs": [[-0.5, 4, None], [-1.5, 5, None]], "prompt_tokens": 2},
     }  # fmt: skip
     out = parse_generate_response(reply)
-    assert out.finish_type == "abort" and out.output_token_logprobs == [-0.5, -1.5] and out.token_versions == ["2", "2"]
+    assert (
+        out.finish_type == "abort"
+        and out.output_token_logprobs == [-0.5, -1.5]
+        and out.token_versions == ["2", "2"]
+    )
     reply["meta_info"]["output_token_logprobs"] = [[-0.5, 4, None]]
     with pytest.raises(InvalidRequestError, match="2 output_ids but 1 output_token_logprobs"):
         parse_generate_response(reply)

@@ -331,3 +331,64 @@ def _wait_for(cond: Any, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def hang_on_seven(prompt: str, completion: str, answer: str, **data: Any) -> float:
+    """A reward (run in the runner's worker processes) that hangs on prompts containing a 7."""
+    if "7" in prompt:
+        time.sleep(600)
+    return float(completion.strip() == str(answer))
+
+
+def test_loop_on_the_real_server_survives_hanging_rewards_bad_rows_and_failing_episodes(
+    cpu_server: Any, tiny_model_dir: Path, storage: Storage
+) -> None:
+    from transformers import AutoTokenizer
+
+    from rollflow.api.metrics import InMemorySink
+    from rollflow.rollout.client import SGLangClient
+
+    cfg = _cfg(max_epochs=1, group_size=2, reward_timeout_s=0.5, reward_workers=2)
+    cfg.rollout.generation.max_new_tokens = 4
+    cfg.dataset.reward_fn = f"{__name__}:hang_on_seven"
+    cfg.dataset.on_bad_row = "skip"
+    questions = ["1+1=?", "7+1=?", "2+2=?", "1+7=?", "3+3=?"]
+    rows: list[Any] = [
+        {"prompt_id": f"q{i}", "messages": [{"role": "user", "content": q}], "answer": str(eval(q[:-2]))}
+        for i, q in enumerate(questions)
+    ]
+    rows.append(
+        {"prompt_id": "long", "messages": [{"role": "user", "content": "1+" * 600 + "1=?"}], "answer": "601"}
+    )
+    rows += [{"prompt_id": "no-messages", "answer": "1"}, ["not", "a", "row"]]  # malformed: skipped, counted
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = CHAT_TEMPLATE
+    workflow = build_workflow(cfg, tokenizer=tok)
+    sink = InMemorySink()
+
+    async def run() -> Any:
+        client = SGLangClient(cpu_server.addresses)
+        try:
+            return await run_rollout_loop(
+                cfg, storage, client, workflow=workflow, prompts=rows, metrics=sink, poll_interval_s=0.05
+            )
+        finally:
+            await client.aclose()
+
+    try:
+        summary = asyncio.run(run())
+    finally:
+        workflow.close()  # type: ignore[attr-defined]
+    assert summary.stopped_by == "epochs"
+    assert summary.bad_rows == 2
+    # 1 + 2 * 600 + 2 tokens > the 1024-token context: the server refuses, that episode raises and is counted
+    assert (summary.accepted, summary.failed) == (5, 1)
+    groups = {g.prompt_id: g for g in ShardReader(storage).take(100).groups}
+    assert sorted(groups) == ["q0", "q1", "q2", "q3", "q4"]
+    for pid in ("q1", "q3"):  # the hanging reward timed out: 0 points, marked, and the loop went on
+        assert all(r.reward == 0.0 and '"reward_timed_out": true' in r.extra for r in groups[pid].rows)
+    for pid in ("q0", "q2", "q4"):
+        assert all("reward_timed_out" not in r.extra for r in groups[pid].rows)
+    assert workflow.reward_runner.stats.timeouts == 4  # type: ignore[attr-defined]  # 2 prompts x 2 samples
+    assert sink.last("reward_timeouts") == 4.0 and sink.last("episodes_failed") == 1.0
+    assert storage.get_json(keys.rollout_state_key("rollout"))["failed"] == 1

@@ -52,11 +52,16 @@ def served_version(addr: str) -> str:
 
 
 def greedy_tokens(addr: str, n: int = 12) -> list[int]:
-    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+    body = {
+        "input_ids": PROMPT,
+        "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+    }
     return control_call(addr, "/generate", body)["output_ids"]
 
 
-def test_first_poll_acks_the_version_already_served(server: Any, store: CheckpointStore, cache_dir: Path, tiny_model_dir: Path) -> None:
+def test_first_poll_acks_the_version_already_served(
+    server: Any, store: CheckpointStore, cache_dir: Path, tiny_model_dir: Path
+) -> None:
     addr = server.addresses[0]
     store.publish(tiny_model_dir, 0)
     seen: list[int] = []
@@ -68,21 +73,33 @@ def test_first_poll_acks_the_version_already_served(server: Any, store: Checkpoi
 
 
 def test_update_in_the_middle_of_a_long_generation(
-    server: Any, store: CheckpointStore, cache_dir: Path, tiny_model_dir: Path, tiny_model_dir_b: Path, inference_lib: Any
+    server: Any,
+    store: CheckpointStore,
+    cache_dir: Path,
+    tiny_model_dir: Path,
+    tiny_model_dir_b: Path,
+    inference_lib: Any,
 ) -> None:
     addr = server.addresses[0]
     sink = InMemorySink()
-    n_new = 700
+    n_new = 1000
 
     async def go() -> Any:
         client = SGLangClient(server.addresses)
         w = CheckpointWatcher(
-            store, server.addresses, cache_dir=cache_dir, poll_interval_s=0.05, on_update=client.set_version, metrics=sink
+            store,
+            server.addresses,
+            cache_dir=cache_dir,
+            poll_interval_s=0.05,
+            on_update=client.set_version,
+            metrics=sink,
         )
         w.poll_once()  # v0, already served
         w.start()
         try:
-            req = GenerateRequest(PROMPT, SamplingParams(max_new_tokens=n_new, temperature=0.0, ignore_eos=True))
+            req = GenerateRequest(
+                PROMPT, SamplingParams(max_new_tokens=n_new, temperature=0.0, ignore_eos=True)
+            )
             task = asyncio.create_task(client.agenerate(req))
             deadline = time.monotonic() + 10
             while control_call(addr, "/get_server_info")["internal_states"][0]["running_output_tokens"] < 60:
@@ -106,9 +123,13 @@ def test_update_in_the_middle_of_a_long_generation(
     for model_dir, lo, hi in ((tiny_model_dir, n_p, n_p + k), (tiny_model_dir_b, n_p + k, len(ids))):
         logits = inference_lib.teacher_forced_logits(model_dir, ids)  # [T, V]
         for t in range(lo, hi):
-            assert logits[t - 1, ids[t]] >= logits[t - 1].max() - 1e-4, f"token {t} is not {model_dir.name}'s greedy"
+            assert logits[t - 1, ids[t]] >= logits[t - 1].max() - 1e-4, (
+                f"token {t} is not {model_dir.name}'s greedy"
+            )
         ref = inference_lib.teacher_forced_logprobs(model_dir, ids, n_p)[lo - n_p : hi - n_p]
-        assert max(abs(a - b) for a, b in zip(r.output_logprobs[lo - n_p : hi - n_p], ref, strict=True)) < 1e-4
+        assert (
+            max(abs(a - b) for a, b in zip(r.output_logprobs[lo - n_p : hi - n_p], ref, strict=True)) < 1e-4
+        )
     ev = w.events[-1]
     assert ev.kind == "update" and ev.version == 1 and 0 < ev.pause_s < 5 and 0 < ev.publish_to_serving_s < 10
     assert sink.last("watcher/version") == 1.0 and sink.last("watcher/pause_s") == ev.pause_s
@@ -116,7 +137,12 @@ def test_update_in_the_middle_of_a_long_generation(
 
 
 def test_corrupt_checkpoint_keeps_the_old_version_serving(
-    server: Any, store: CheckpointStore, cache_dir: Path, tiny_model_dir: Path, tiny_model_dir_b: Path, inference_lib: Any
+    server: Any,
+    store: CheckpointStore,
+    cache_dir: Path,
+    tiny_model_dir: Path,
+    tiny_model_dir_b: Path,
+    inference_lib: Any,
 ) -> None:
     addr = server.addresses[0]
     before = greedy_tokens(addr)
@@ -130,7 +156,11 @@ def test_corrupt_checkpoint_keeps_the_old_version_serving(
     w = CheckpointWatcher(store, server.addresses, cache_dir=cache_dir, poll_interval_s=0.5)
     w.serving_version = 1
     assert w.poll_once() is None
-    assert len(w.errors) == 1 and "CheckpointIntegrityError" in w.errors[0].message and "model.safetensors" in w.errors[0].message
+    assert (
+        len(w.errors) == 1
+        and "CheckpointIntegrityError" in w.errors[0].message
+        and "model.safetensors" in w.errors[0].message
+    )
     assert served_version(addr) == "1" and greedy_tokens(addr) == before  # still v1's weights, not paused
     assert w.poll_once() is None and len(w.errors) == 1  # backoff: no retry right away (no hot loop)
     time.sleep(0.6)
@@ -158,7 +188,9 @@ def test_server_refusing_the_weights_is_an_error_and_keeps_serving(
     w = CheckpointWatcher(store, server.addresses, cache_dir=cache_dir)
     w.serving_version = 3
     assert w.poll_once() is None
-    assert "update refused" in w.errors[-1].message and "does not match the served model" in w.errors[-1].message
+    assert (
+        "update refused" in w.errors[-1].message and "does not match the served model" in w.errors[-1].message
+    )
     assert served_version(addr) == "3" and greedy_tokens(addr) == before  # continued after the refusal
     assert 4 not in store.acks().values()
 

@@ -148,3 +148,10 @@ def test_storage_pickles_for_worker_processes(storage: Storage) -> None:
     storage.put_bytes("p.txt", b"1")
     again = pickle.loads(pickle.dumps(storage))
     assert again.root_uri == storage.root_uri and again.get_bytes("p.txt") == b"1"
+
+
+def test_fsync_option_local(tmp_path: Path) -> None:
+    st = Storage.open(str(tmp_path), "e", "t", {"fsync": True})
+    st.put_bytes("a/b", b"durable", exclusive=True)
+    st.put_bytes("a/c", b"also")
+    assert st.get_bytes("a/b") == b"durable" and st.list("a") == ["a/b", "a/c"]

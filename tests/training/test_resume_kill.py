@@ -14,6 +14,7 @@ saw groups oldest first, versions were published in order and never twice, and D
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -135,3 +136,29 @@ def test_sigkill_at_four_moments_then_finish(tmp_path: Path, tiny_model_dir: Pat
     text = log.read_text()
     assert text.count("resumed from resume point") >= 3
     assert "not publishing v3" in text  # the replayed step 3 was not re-published
+
+
+def test_sigterm_stops_gracefully_with_a_resume_point(tmp_path: Path, tiny_model_dir: Path) -> None:
+    root = str(tmp_path / "store")
+    storage = Storage.open(root, "term", "t0")
+    write_groups(storage, GIDS[:4], per_shard=2)
+    cfg = {
+        "experiment": "term",
+        "trial": "t0",
+        "storage": {"root": root},
+        "model": {"path": str(tiny_model_dir)},
+        "rollout": {"max_staleness": 1000},
+        "train": {"steps": STEPS, "batch_size": BATCH, "resume_every": 10, "data_wait_timeout_s": 120.0},
+    }
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    log = tmp_path / "trainer.log"
+    proc = _start(cfg_path, log)
+    _wait_for(lambda: storage.exists(consumed_key(2)), proc)
+    time.sleep(0.2)  # waiting for step 3's data now
+    proc.terminate()  # SIGTERM
+    assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+    summary = json.loads(log.read_text().strip().splitlines()[-1])
+    assert summary["stopped"] and not summary["done"] and summary["final_version"] == 2
+    assert storage.exists(keys.trainer_state_key(2))  # resume_every=10, but a stop always leaves one
+    assert CheckpointStore(storage).is_done() is None

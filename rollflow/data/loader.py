@@ -1,0 +1,295 @@
+"""Prompt datasets: load a split through Hugging Face ``datasets`` and map it to rollflow's row format.
+
+What it is. ``load_prompts(cfg, split)`` returns a list of rows
+
+    {"prompt_id": str, "messages": [{"role": "user", "content": str}, ...], "answer": str, **passthrough}
+
+from one of three sources (``cfg.kind``):
+
+* ``synthetic`` - the built-in task (``rollflow.data.synthetic``); ``cfg.train_split`` gives the
+  training prompts, ``cfg.eval_split`` the held-out ones.
+* ``files`` - local or remote (``s3://...``, with ``storage_options``) parquet / jsonl / csv files.
+  ``cfg.path`` is one of: ``"train=a.jsonl,test=b.jsonl"`` (a file or glob per split), a path with
+  ``{split}`` in it (``"data/{split}.parquet"``), or one file/glob, which then serves the train split
+  only (asking it for another split is an error rather than a silent train/eval leak).
+* ``hub`` - a dataset name on the Hugging Face hub (``cfg.hub_config`` picks its config), online only.
+
+The mapping is ``cfg``'s: the prompt is ``cfg.messages_field`` (a list of ``{role, content}``) if set,
+else ``cfg.prompt_field`` (a string, sent as one user message); ``cfg.system_prompt`` is prepended
+when the messages have no system turn; the reference is ``cfg.answer_field`` (``answer_format="gsm8k"``
+keeps what follows ``####`` and checks it is a number); the id is ``cfg.id_field`` or
+``"{split}-{row index}"``. Every other column passes through unchanged (the workflow hands them to
+the reward function as ``**data``).
+
+A malformed row - missing field, wrong type, empty prompt, unparseable GSM8K answer, duplicate id -
+raises ``DatasetRowError`` naming the split, row index and field and saying which config key fixes it;
+with ``cfg.on_bad_row="skip"`` it is dropped, counted and the count logged.
+
+Offline note: ``HF_HUB_OFFLINE=1`` is fine for local and s3:// files; ``HF_DATASETS_OFFLINE=1`` also
+blocks s3:// data files (notes/stack.md section 7).
+
+What it is not: a data pipeline. No shuffling, epochs or batching (the rollout loop's cursor does that).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import PurePosixPath
+from typing import Any
+
+from rollflow.api.config import DatasetConfig
+from rollflow.api.errors import ConfigError, DatasetRowError
+from rollflow.data.synthetic import synthetic_rows
+from rollflow.rewards.math_answer import parse_gsm8k_reference, parse_number
+
+logger = logging.getLogger(__name__)
+
+RESERVED_FIELDS = ("prompt_id", "messages", "answer")
+_ROLES = ("system", "user", "assistant")
+# "train=..." (a split name has no '/', so "data/year=2024/x.parquet" and s3:// URLs are paths).
+_SPLIT_ENTRY_RE = re.compile(r"^\s*[\w.-]+\s*=")
+_FORMATS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "json",
+    ".json": "json",
+    ".ndjson": "json",
+    ".csv": "csv",
+    ".tsv": "csv",
+}
+
+
+class _BadRow(Exception):
+    """Internal: one row's problem, turned into DatasetRowError or a skip by the caller."""
+
+    def __init__(self, field: str, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.field, self.problem, self.fix = field, problem, fix
+
+
+def data_files_for(cfg: DatasetConfig, split: str) -> str:
+    """The file, glob or URL that holds ``split`` according to ``cfg.path`` (see the module docstring)."""
+    path = cfg.path.strip()
+    if "{split}" in path:
+        return path.replace("{split}", split)
+    parts = path.split(",")
+    if all(_SPLIT_ENTRY_RE.match(part) for part in parts):
+        mapping: dict[str, str] = {}
+        for part in parts:
+            name, _, value = part.partition("=")
+            if not value.strip():
+                raise ConfigError("dataset.path", f"split {name.strip()!r} has no file; write 'train=a.jsonl,...'")
+            mapping[name.strip()] = value.strip()
+        if split not in mapping:
+            raise ConfigError(
+                "dataset.path", f"names splits {sorted(mapping)} but split {split!r} was asked; add {split}=..."
+            )
+        return mapping[split]
+    if split != cfg.train_split:
+        raise ConfigError(
+            "dataset.path",
+            f"names one file ({path!r}), which serves the train split {cfg.train_split!r} only, but split "
+            f"{split!r} was asked; write 'train=...,{split}=...' or put '{{split}}' in the path",
+        )
+    return path
+
+
+def file_format(cfg: DatasetConfig, data_files: str) -> str:
+    """``cfg.format``, or the ``datasets`` builder name inferred from the file extension."""
+    if cfg.format != "auto":
+        return cfg.format
+    name = PurePosixPath(data_files.split("?", 1)[0]).name.lower()
+    for compression in (".gz", ".bz2", ".xz", ".zst"):
+        name = name.removesuffix(compression)
+    suffix = PurePosixPath(name).suffix
+    if suffix not in _FORMATS:
+        raise ConfigError(
+            "dataset.format", f"cannot infer the format of {data_files!r}; set it to parquet, json or csv"
+        )
+    return _FORMATS[suffix]
+
+
+def _load_raw(cfg: DatasetConfig, split: str, storage_options: dict[str, Any] | None) -> Any:
+    """The split as a ``datasets.Dataset`` (imported lazily: it costs about a second)."""
+    import datasets
+
+    if cfg.kind == "hub":
+        return datasets.load_dataset(cfg.path, cfg.hub_config, split=split)
+    data_files = data_files_for(cfg, split)
+    fmt = file_format(cfg, data_files)
+    kwargs: dict[str, Any] = {}
+    if fmt == "csv" and data_files.lower().split("?", 1)[0].endswith((".tsv", ".tsv.gz")):
+        kwargs["delimiter"] = "\t"
+    if data_files.startswith("s3://") and os.environ.get("HF_DATASETS_OFFLINE") == "1":
+        logger.warning("HF_DATASETS_OFFLINE=1 also blocks s3:// data files; unset it to read %s", data_files)
+    return datasets.load_dataset(
+        fmt,
+        data_files={split: data_files},
+        split=split,
+        storage_options=storage_options or None,
+        **kwargs,
+    )
+
+
+def _messages(cfg: DatasetConfig, row: dict[str, Any], columns: list[str]) -> list[dict[str, str]]:
+    if cfg.messages_field is not None:
+        key = cfg.messages_field
+        if key not in row:
+            raise _BadRow(key, "is missing", f"set dataset.messages_field to one of {columns}")
+        value = row[key]
+        if not isinstance(value, list) or not value:
+            raise _BadRow(key, f"must be a non-empty list of {{role, content}}, got {value!r:.80}", "fix the data")
+        messages: list[dict[str, str]] = []
+        for j, m in enumerate(value):
+            if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in _ROLES:
+                raise _BadRow(
+                    f"{key}[{j}]",
+                    f"must be {{'role': one of {list(_ROLES)}, 'content': str}}, got {m!r:.80}",
+                    "fix the data",
+                )
+            messages.append({"role": m["role"], "content": m["content"]})
+        if not any(m["role"] == "user" and m["content"].strip() for m in messages):
+            raise _BadRow(key, "has no non-empty user message", "fix the data")
+    else:
+        key = cfg.prompt_field
+        if key not in row:
+            raise _BadRow(key, "is missing", f"set dataset.prompt_field (or messages_field) to one of {columns}")
+        text = row[key]
+        if not isinstance(text, str):
+            raise _BadRow(key, f"must be a string, got {type(text).__name__} {text!r:.60}", "fix the data")
+        if not text.strip():
+            raise _BadRow(key, "is empty", "fix the data")
+        messages = [{"role": "user", "content": text}]
+    if cfg.system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": cfg.system_prompt})
+    return messages
+
+
+def _answer(cfg: DatasetConfig, row: dict[str, Any], columns: list[str]) -> str:
+    key = cfg.answer_field
+    if key not in row:
+        raise _BadRow(key, "is missing", f"set dataset.answer_field to one of {columns}")
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise _BadRow(key, f"must be a string or number, got {type(value).__name__} {value!r:.60}", "fix the data")
+    text = str(value).strip()
+    if not text:
+        raise _BadRow(key, "is empty", "fix the data")
+    if cfg.answer_format == "gsm8k":
+        if isinstance(value, str) and "####" not in value:
+            raise _BadRow(
+                key,
+                f"has no '#### <number>' GSM8K marker: {text[-60:]!r}",
+                "set dataset.answer_format=plain if the column holds bare answers",
+            )
+        try:
+            text = parse_gsm8k_reference(text)
+        except ValueError as exc:
+            raise _BadRow(key, str(exc), "fix the data") from None
+        if parse_number(text) is None:
+            raise _BadRow(key, f"GSM8K answer {text!r} is not a number", "fix the data")
+    return text
+
+
+def _prompt_id(cfg: DatasetConfig, row: dict[str, Any], split: str, index: int, columns: list[str]) -> str:
+    if cfg.id_field is None:
+        return f"{split}-{index}"
+    if cfg.id_field not in row:
+        raise _BadRow(cfg.id_field, "is missing", f"set dataset.id_field to one of {columns} or to null")
+    value = row[cfg.id_field]
+    if value is None or isinstance(value, (list, dict)) or not str(value).strip():
+        raise _BadRow(cfg.id_field, f"must be a non-empty string or number, got {value!r:.60}", "fix the data")
+    return str(value)
+
+
+def map_rows(
+    cfg: DatasetConfig, records: Any, split: str, *, columns: list[str] | None = None, source: str = "dataset"
+) -> list[dict[str, Any]]:
+    """Map raw records (dicts) to rollflow rows, applying ``cfg.on_bad_row``; see the module docstring."""
+    consumed = {cfg.prompt_field, cfg.answer_field, *RESERVED_FIELDS}
+    if cfg.messages_field is not None:
+        consumed.add(cfg.messages_field)
+    if cfg.id_field is not None:
+        consumed.add(cfg.id_field)
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    bad = 0
+    first_bad = ""
+    for index, record in enumerate(records):
+        cols = columns if columns is not None else sorted(record)
+        try:
+            prompt_id = _prompt_id(cfg, record, split, index, cols)
+            if prompt_id in seen:
+                raise _BadRow(
+                    cfg.id_field or "prompt_id",
+                    f"duplicates the id {prompt_id!r} of row {seen[prompt_id]}",
+                    "make the ids unique or set dataset.id_field to null",
+                )
+            row = {
+                "prompt_id": prompt_id,
+                "messages": _messages(cfg, record, cols),
+                "answer": _answer(cfg, record, cols),
+            }
+        except _BadRow as exc:
+            message = (
+                f"{source} split {split!r} row {index}: field {exc.field!r} {exc.problem}; {exc.fix}, "
+                "or set dataset.on_bad_row=skip to drop such rows"
+            )
+            if cfg.on_bad_row == "error":
+                raise DatasetRowError(message) from None
+            bad += 1
+            first_bad = first_bad or message
+            continue
+        seen[prompt_id] = index
+        row.update({k: v for k, v in record.items() if k not in consumed})
+        rows.append(row)
+    if bad:
+        logger.warning("%s split %r: skipped %d malformed rows of %d; first: %s", source, split, bad, bad + len(rows), first_bad)
+    return rows
+
+
+def _synthetic_split(cfg: DatasetConfig, split: str) -> str:
+    if split in (cfg.train_split, "train"):
+        return "train"
+    if split in (cfg.eval_split, "test", "eval", "validation"):
+        return "test"
+    raise ConfigError(
+        "dataset.train_split",
+        f"the synthetic task has a train split ({cfg.train_split!r}) and a held-out split "
+        f"({cfg.eval_split!r}); {split!r} is neither",
+    )
+
+
+def load_prompts(
+    cfg: DatasetConfig, split: str, *, storage_options: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The rows of one split (see the module docstring), at most ``cfg.max_rows`` of them.
+
+    Args:
+        cfg: the dataset section of the experiment config.
+        split: a split name, usually ``cfg.train_split`` or ``cfg.eval_split``.
+        storage_options: fsspec options for remote files, e.g. ``{"endpoint_url": ..., "key": ...}``.
+
+    Raises:
+        DatasetRowError: a malformed row while ``cfg.on_bad_row == "error"``.
+        ConfigError: ``cfg.path``/``cfg.format`` cannot name the split's files.
+    """
+    if cfg.kind == "synthetic":
+        synthetic_split = "train" if _synthetic_split(cfg, split) == "train" else "test"
+        records: Any = synthetic_rows(cfg.synthetic, synthetic_split)  # type: ignore[arg-type]
+        if cfg.max_rows is not None:
+            records = records[: cfg.max_rows]
+        if cfg.system_prompt:
+            for r in records:
+                r["messages"].insert(0, {"role": "system", "content": cfg.system_prompt})
+        logger.info("synthetic split %r: %d prompts", split, len(records))
+        return list(records)
+    dataset = _load_raw(cfg, split, storage_options)
+    if cfg.max_rows is not None and len(dataset) > cfg.max_rows:
+        dataset = dataset.select(range(cfg.max_rows))
+    source = cfg.path if len(cfg.path) <= 80 else "..." + cfg.path[-77:]
+    rows = map_rows(cfg, dataset, split, columns=list(dataset.column_names), source=f"dataset {source!r}")
+    logger.info("dataset %r split %r: %d prompts", source, split, len(rows))
+    return rows

@@ -1,0 +1,35 @@
+"""Reward functions and the process-pool runner that calls them.
+
+``fn(prompt, completion, answer, **data) -> float``, importable as ``"pkg.module:name"``:
+``rollflow.rewards.synthetic:synthetic_reward_fn`` (the embedded default's task),
+``rollflow.rewards.math_answer:gsm8k_reward_fn`` and ``...:math_reward_fn``.
+``AsyncRewardRunner`` runs one in worker processes with a timeout (see ``runner``).
+"""
+
+from rollflow.rewards.math_answer import (
+    answers_match,
+    extract_answer,
+    gsm8k_reward_fn,
+    math_reward_fn,
+    parse_gsm8k_reference,
+    parse_number,
+)
+from rollflow.rewards.protocol import RewardFn, resolve_reward_fn, reward_fn_name
+from rollflow.rewards.runner import AsyncRewardRunner, RewardOutcome, RewardStats
+from rollflow.rewards.synthetic import synthetic_reward_fn
+
+__all__ = [
+    "AsyncRewardRunner",
+    "RewardFn",
+    "RewardOutcome",
+    "RewardStats",
+    "answers_match",
+    "extract_answer",
+    "gsm8k_reward_fn",
+    "math_reward_fn",
+    "parse_gsm8k_reference",
+    "parse_number",
+    "resolve_reward_fn",
+    "reward_fn_name",
+    "synthetic_reward_fn",
+]

@@ -1,0 +1,80 @@
+"""The reward-function protocol and how a reward function is named in config.
+
+What it is. A reward function is a plain, synchronous, module-level function
+
+    reward_fn(prompt: str, completion: str, answer: str, **data) -> float
+
+where ``prompt`` is the last user message, ``completion`` the decoded model output (special tokens
+skipped), ``answer`` the dataset row's reference and ``data`` the row's other passthrough fields
+(JSON values). It must be importable by the string ``"pkg.module:name"``, because the reward runner
+calls it in worker processes by that name (no pickled callables). It may raise or hang: the runner
+turns both into a 0.0 score that is logged and counted.
+
+What it is not: the runner (``rollflow.rewards.runner``) or any particular reward.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from rollflow.api.errors import WorkflowImportError
+
+
+class RewardFn(Protocol):
+    """``fn(prompt, completion, answer, **data) -> float``."""
+
+    def __call__(self, prompt: str, completion: str, answer: str, **data: Any) -> float: ...
+
+
+def import_string(spec: str) -> Any:
+    """Resolve ``"pkg.module:name"``. Like ``rollflow.api.workflow.import_string``, but light enough
+    for a reward worker process to import (that module pulls in storage and pyarrow)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise WorkflowImportError(f"{spec!r} is not an import string; write it as 'pkg.module:name'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise WorkflowImportError(f"cannot import module {module_name!r} from {spec!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise WorkflowImportError(f"module {module_name!r} has no attribute {attr!r} (from {spec!r})") from None
+    return obj
+
+
+def reward_fn_name(fn: Callable[..., float] | str) -> str:
+    """The import string ``"pkg.module:qualname"`` of a reward function, checked to resolve back to it.
+
+    Raises:
+        WorkflowImportError: a string that does not import, or a callable that cannot be imported by
+            name (a lambda, a nested function, a ``functools.partial``, a method of an instance).
+    """
+    if isinstance(fn, str):
+        spec = fn.strip() if ":" in fn else ":".join(fn.strip().rsplit(".", 1))
+        target = import_string(spec)
+        if not callable(target):
+            raise WorkflowImportError(f"reward function {fn!r} resolves to {target!r}, which is not callable")
+        return spec
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname or module == "__main__":
+        # __main__ is a different module in the worker process, so it cannot name the function.
+        raise WorkflowImportError(
+            f"reward function {fn!r} cannot be imported by name in a worker process; define it at the "
+            "top level of an importable module and pass it (or 'pkg.module:name')"
+        )
+    spec = f"{module}:{qualname}"
+    if import_string(spec) is not fn:
+        raise WorkflowImportError(f"{spec!r} does not resolve to {fn!r}; pass an importable function")
+    return spec
+
+
+def resolve_reward_fn(spec: Callable[..., float] | str) -> RewardFn:
+    """The callable named by ``spec`` (a callable is returned as is)."""
+    if isinstance(spec, str):
+        return import_string(reward_fn_name(spec))  # type: ignore[no-any-return]
+    return spec  # type: ignore[return-value]
