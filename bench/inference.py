@@ -22,8 +22,10 @@ Figures:
   watcher's ``on_update``: poll, fetch + sha256 verify into the cache, pause, load + check + in-place
   swap, continue, ack) over a plain ``AutoModelForCausalLM.from_pretrained`` of the same committed
   checkpoint directory, in a warm process. Medians, interleaved. <= 1.5 is the target.
-  Also reported: weight_update_s, raw_load_s, raw_load_touch_vs (from_pretrained + reading every
-  weight, since from_pretrained maps the file lazily), and the fetch / server-load parts.
+  Also reported: weight_update_s, raw_load_s, weight_update_vs_raw_load_touch (from_pretrained +
+  reading every weight, since from_pretrained maps the file lazily), weight_update_vs_server_restart
+  (a fresh CPU server process on the new checkpoint until /health: the alternative to hot-loading), and
+  fetch_s (the storage fetch: copy + sha256 of every file).
 - pause_s: median time generation stops on the server during an update (pause -> continue), measured
   while 8 client streams keep generating.
 
@@ -179,6 +181,17 @@ class _Load:
         await client.aclose()
 
 
+def server_restart_s(model_dir: Path) -> float:
+    """The no-hot-reload alternative: a fresh CPU server process on the new checkpoint until /health."""
+    from infra.servers import launch_local_servers
+    from rollflow.api.config import InferenceConfig
+
+    t0 = time.perf_counter()
+    with launch_local_servers(InferenceConfig(n_servers=1, server_threads=THREADS), model_dir):
+        dt = time.perf_counter() - t0
+    return dt
+
+
 def bench_weight_update(root: Path, reps: int, details: dict[str, Any]) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
@@ -232,15 +245,19 @@ def bench_weight_update(root: Path, reps: int, details: dict[str, Any]) -> dict[
             watcher.stop()
             load.stop.set()
             load.thread.join(60)
+    restart = [
+        server_restart_s(Path(store.storage.local_path(f"checkpoints/v{reps:06d}") or "")) for _ in range(2)
+    ]
     med = statistics.median
     details["weight_update"] = {
         "publish_to_serving_s": lat, "raw_from_pretrained_s": raw, "raw_from_pretrained_touch_s": raw_touch,
-        "pause_s": pauses, "fetch_s": fetches, "poll_interval_s": 0.05, "load_streams": 8,
+        "pause_s": pauses, "fetch_s": fetches, "poll_interval_s": 0.05, "load_streams": 8, "restart_s": restart,
         "load_tokens": load.tokens, "load_interruptions": load.interruptions, "errors": len(watcher.errors),
     }  # fmt: skip
     return {
         "weight_update_vs_raw_load": med(lat) / med(raw),
         "weight_update_vs_raw_load_touch": med(lat) / med(raw_touch),
+        "weight_update_vs_server_restart": med(lat) / med(restart),
         "weight_update_s": med(lat),
         "raw_load_s": med(raw),
         "fetch_s": med(fetches),

@@ -14,8 +14,8 @@ with the same number of requests in flight:
   records to a local store -- over tokens/s of `--concurrency` direct concurrent `agenerate` calls.
   Target >= 0.9. Median over interleaved repetitions.
 
-The model is the tiny Llama of the embedded default (`rollflow.models`, else a random one of the same
-shape); its weights do not matter here, only the token counts. This is a script, not a test.
+The model is the embedded default's tiny Llama (`rollflow.models`, no warm start: only token counts
+matter here). This is a script, not a test.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from typing import Any
 from bench._common import report
 from rollflow.api.config import InferenceConfig
 from rollflow.api.inference import GenerateRequest, SamplingParams
+from rollflow.rewards import AsyncRewardRunner
+from rollflow.rewards.synthetic import synthetic_reward_fn
 from rollflow.rollout.client import SGLangClient
 from rollflow.rollout.executor import WorkflowExecutor
 from rollflow.rollout.staleness import StalenessManager
@@ -41,49 +43,13 @@ from rollflow.workflows.rlvr import RLVRWorkflow, render_chat
 from storage.fs import Storage
 from storage.shard_writer import ShardWriter
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 
 def tiny_model(out: Path) -> Path:
-    """The embedded default's tiny model if its builder exists, else a random tiny Llama + char tokenizer."""
-    try:
-        from rollflow.api.config import TinyModelConfig
-        from rollflow.models import bootstrap_tiny_model
+    """The embedded default's tiny Llama, without the warm start (weights do not matter here)."""
+    from rollflow.api.config import TinyModelConfig
+    from rollflow.models import bootstrap_tiny_model
 
-        cfg = TinyModelConfig(warm_start_steps=0)
-        bootstrap_tiny_model(cfg, out, seed=0)
-        return out
-    except ImportError:
-        pass
-    import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {t: i for i, t in enumerate(["<|pad|>", "<|unk|>", "<|im_start|>", "<|im_end|>"])}
-    for ch in "0123456789+-*=?: \nabcdefghijklmnopqrstuvwxyz":
-        vocab[ch] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(""), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<|pad|>", unk_token="<|unk|>", bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-    )  # fmt: skip
-    hf.chat_template = CHAT_TEMPLATE
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(vocab), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-            pad_token_id=0, bos_token_id=2, eos_token_id=3,
-        )
-    )  # fmt: skip
-    model.save_pretrained(out)
-    hf.save_pretrained(out)
-    return out
+    return bootstrap_tiny_model(TinyModelConfig(warm_start_steps=0), out, seed=0)
 
 
 def prompts(n: int, seed: int) -> list[dict[str, Any]]:
@@ -94,26 +60,6 @@ def prompts(n: int, seed: int) -> list[dict[str, Any]]:
         rows.append({"prompt_id": f"b{seed}-{i}", "messages": [{"role": "user", "content": f"{a}+{b}=?"}],
                      "answer": str(a + b)})  # fmt: skip
     return rows
-
-
-class InProcessScorer:
-    """Used only when rollflow.rewards is missing: exact-match reward without a process pool."""
-
-    async def ascore(self, prompt: str, completion: str, answer: Any, **data: Any) -> Any:
-        from types import SimpleNamespace
-
-        return SimpleNamespace(score=float(completion.strip() == str(answer)), error=None, timed_out=False)
-
-
-def reward_runner() -> tuple[Any, str]:
-    try:
-        from rollflow.rewards.synthetic import synthetic_reward_fn
-
-        from rollflow.rewards import AsyncRewardRunner
-
-        return AsyncRewardRunner(synthetic_reward_fn, max_workers=1, timeout_s=10.0), "process-pool"
-    except ImportError:
-        return InProcessScorer(), "in-process"
 
 
 async def direct(
@@ -165,14 +111,15 @@ async def through_executor(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 repetitions of fewer prompts")
-    ap.add_argument("--reps", type=int, default=8)
-    ap.add_argument("--prompts", type=int, default=64, help="prompts per repetition")
+    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--prompts", type=int, default=48, help="prompts per repetition")
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=32, help="requests in flight on both sides")
     ap.add_argument("--tokens", type=int, default=24, help="generated tokens per request")
     args = ap.parse_args()
     if args.quick:
         args.reps, args.prompts = 2, 16
+    load_start = os.getloadavg()[0]  # other work on the machine makes single runs noisy
     from transformers import AutoTokenizer
 
     from infra.servers import launch_local_servers
@@ -180,10 +127,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = tiny_model(Path(tmp) / "model")
         tok = AutoTokenizer.from_pretrained(model_dir)
-        if tok.chat_template is None:
-            tok.chat_template = CHAT_TEMPLATE
         sp = SamplingParams(max_new_tokens=args.tokens, temperature=1.0, ignore_eos=True)
-        runner, reward_kind = reward_runner()
+        runner = AsyncRewardRunner(synthetic_reward_fn, max_workers=1, timeout_s=10.0)
         workflow = RLVRWorkflow(
             lambda *a, **k: 0.0, tok, sp, group_size=args.group_size, reward_runner=runner
         )
@@ -211,9 +156,7 @@ def main() -> None:
                             through_executor(servers.addresses, rows, workflow, args.concurrency, store)
                         )
                     runs[side].append(out)
-        close = getattr(runner, "close", None)
-        if close is not None:
-            close()
+        runner.close()
     med = {side: statistics.median(r["tokens_per_s"] for r in rs) for side, rs in runs.items()}
     # Paired: each repetition runs both sides back to back, so drift from other load on the machine
     # cancels within a pair; the figure is the median of the per-repetition ratios.
@@ -222,8 +165,10 @@ def main() -> None:
     ]
     figures = {"executor_vs_server_tokens": statistics.median(paired)}
     details = {
-        "args": vars(args), "reward_runner": reward_kind, "median_tokens_per_s": med, "paired_ratios": paired,
-        "ratio_of_medians": med["executor"] / med["direct"], "runs": runs,
+        "args": vars(args), "median_tokens_per_s": med, "paired_ratios": paired,
+        "ratio_of_medians": med["executor"] / med["direct"],
+        "paired_ratio_quartiles": statistics.quantiles(paired, n=4) if len(paired) > 1 else paired,
+        "load_avg_1m_start_end": [load_start, os.getloadavg()[0]], "runs": runs,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
     }  # fmt: skip
     report("rollout", figures, details)

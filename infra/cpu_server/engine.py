@@ -142,8 +142,11 @@ class Engine:
 
     def submit(self, seq: Sequence) -> None:
         with self._cv:
-            self._incoming.append(seq)
-            self._cv.notify()
+            if not self._stopping:
+                self._incoming.append(seq)
+                self._cv.notify()
+                return
+        self._deliver(seq, finish_abort("Server is shutting down"))
 
     def abort(self, rid: str = "", abort_all: bool = False) -> Future[int]:
         """Abort requests whose rid starts with ``rid`` (SGLang's prefix match); returns how many."""

@@ -71,8 +71,7 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int
             if r.banned:
                 logits[i, list(r.banned)] = float("-inf")
     temps = torch.tensor([r.temperature for r in rows], dtype=logits.dtype).unsqueeze(1)  # [B, 1]
-    scaled = logits / temps  # [B, V]
-    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)  # [B, 1]; log p = scaled - lse
+    probs = torch.softmax(logits / temps, dim=-1)  # [B, V]; logprob = log(probs), as SGLang's sampler
     # float64 running sums for large vocabularies, where a float32 cumsum drifts (V * eps).
     cdf_dtype = torch.float64 if V > 32768 else torch.float32
     tokens = [0] * B
@@ -87,8 +86,8 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int
         i for i, r in enumerate(rows) if not r.greedy and r.top_k >= V and r.top_p >= 1.0 and r.min_p <= 0.0
     ]
     if plain:
-        idx = torch.tensor(plain)
-        cdf = (scaled[idx] - lse[idx]).exp_().to(cdf_dtype).cumsum_(dim=-1)  # [b, V]
+        rows_p = probs if len(plain) == B else probs[torch.tensor(plain)]  # [b, V]
+        cdf = rows_p.to(cdf_dtype).cumsum(dim=-1)  # [b, V]
         u = torch.tensor([rows[i].uniform for i in plain], dtype=cdf_dtype).unsqueeze(1)  # [b, 1]
         pick = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=V - 1).squeeze(1)  # [b]
         for i, t in zip(plain, pick.tolist(), strict=True):
@@ -98,8 +97,7 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int
     filtered = [i for i in range(B) if i not in done]
     if filtered:
         idx = torch.tensor(filtered)
-        probs = (scaled[idx] - lse[idx]).exp_()  # [b, V]
-        p_sorted, order = probs.sort(dim=-1, descending=True)  # [b, V]
+        p_sorted, order = probs[idx].sort(dim=-1, descending=True)  # [b, V]
         top_k = torch.tensor([min(rows[i].top_k, V) for i in filtered]).unsqueeze(1)  # [b, 1]
         top_p = torch.tensor([rows[i].top_p for i in filtered], dtype=probs.dtype).unsqueeze(1)
         min_p = torch.tensor([rows[i].min_p for i in filtered], dtype=probs.dtype).unsqueeze(1)
@@ -116,5 +114,5 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int
             tokens[i] = t
 
     picked = torch.tensor(tokens).unsqueeze(1)  # [B, 1]
-    lps = (scaled.gather(1, picked) - lse).squeeze(1).tolist()  # [B]
+    lps = probs.gather(1, picked).log_().squeeze(1).tolist()  # [B]
     return tokens, lps

@@ -71,8 +71,34 @@ class TinyModelConfig:
         metadata=_help("Supervised warm-start steps on the synthetic task before RL (0 = random init)."),
     )
     warm_start_lr: float = field(default=3e-3, metadata=_help("Learning rate of the warm start."))
+    intermediate_size: int | None = field(
+        default=None, metadata=_help("MLP width of the tiny model (None = 3 * hidden_size).")
+    )
+    max_position_embeddings: int = field(
+        default=512, metadata=_help("Longest sequence (prompt + completion, all turns) the tiny model takes.")
+    )
+    warm_start_batch_size: int = field(
+        default=64, metadata=_help("Sequences per warm-start step (each is about 18 tokens).")
+    )
+    warm_start_p_correct: float = field(
+        default=0.25,
+        metadata=_help(
+            "Warm-start labels are the right sum with this probability, else the 'forgot the carry' "
+            "answer; greedy decoding then forgets the carry and RL has to learn it (0.1-0.4 works)."
+        ),
+    )
 
     def __post_init__(self) -> None:
+        _check(
+            self.intermediate_size is None or self.intermediate_size > 0,
+            "model.tiny.intermediate_size",
+            "must be > 0 or null",
+        )
+        _check(self.max_position_embeddings >= 32, "model.tiny.max_position_embeddings", "must be >= 32")
+        _check(self.warm_start_batch_size >= 1, "model.tiny.warm_start_batch_size", "must be >= 1")
+        _check(
+            0.0 <= self.warm_start_p_correct <= 1.0, "model.tiny.warm_start_p_correct", "must be in [0, 1]"
+        )
         for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads"):
             _check(getattr(self, key) > 0, f"model.tiny.{key}", "must be > 0")
         _check(

@@ -160,6 +160,14 @@ class _Worker:
             self.process.wait(timeout=5.0)
 
 
+def _exit_code(process: subprocess.Popen[bytes], wait_s: float = 2.0) -> int | None:
+    """The exit code of a worker whose pipe closed (it may take a moment to be reaped)."""
+    try:
+        return process.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def _kill_all(workers: list[_Worker]) -> None:
     """At interpreter exit or garbage collection of an unclosed runner."""
     for worker in list(workers):
@@ -298,7 +306,7 @@ class AsyncRewardRunner:
             worker = self._retire(worker, f"reward call exceeded {self.timeout_s:g} s")
             return RewardOutcome(0.0, error=f"timed out after {self.timeout_s:g} s", timed_out=True), worker
         except (EOFError, OSError) as exc:
-            code = worker.process.poll()
+            code = await asyncio.to_thread(_exit_code, worker.process)
             worker = self._retire(worker, f"worker died, exit code {code}")
             return RewardOutcome(0.0, error=f"reward worker died (exit code {code}): {exc!r}"), worker
         if reply.get("id") != request_id:  # cannot happen unless the protocol is broken; be loud

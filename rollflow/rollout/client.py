@@ -117,6 +117,7 @@ class SGLangClient:
             retry_backoff_s=cfg.retry_backoff_s,
             affinity_lru_size=cfg.affinity_lru_size,
             metrics=metrics,
+            initial_version=int(v) if (v := cfg.initial_weight_version).isdigit() else 0,
         )
 
     @property

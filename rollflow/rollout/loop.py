@@ -232,7 +232,8 @@ async def run_rollout_loop(
     if prompts is None:
         from rollflow.data import load_prompts
 
-        prompts = await asyncio.to_thread(load_prompts, cfg.dataset, split)
+        options = cfg.storage.options or None  # s3:// dataset files on the same store
+        prompts = await asyncio.to_thread(lambda: load_prompts(cfg.dataset, split, storage_options=options))
     rows, bad_rows = checked_rows(prompts, split=split, on_bad_row=cfg.dataset.on_bad_row)
 
     state_key = keys.rollout_state_key(writer_name)

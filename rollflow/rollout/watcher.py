@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import InferenceError, WeightUpdateError
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.sglang_protocol import (
@@ -134,6 +135,29 @@ class CheckpointWatcher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: InferenceConfig,
+        store: CheckpointSource,
+        servers: Sequence[str],
+        *,
+        cache_dir: str | Path,
+        on_update: Callable[[int], None] | None = None,
+        metrics: MetricsSink | None = None,
+    ) -> CheckpointWatcher:
+        """``poll_interval_s``, ``api_key`` and ``weight_update_timeout_s`` from the ``inference`` section."""
+        return cls(
+            store,
+            servers,
+            cache_dir=cache_dir,
+            poll_interval_s=cfg.poll_interval_s,
+            api_key=cfg.api_key,
+            on_update=on_update,
+            metrics=metrics,
+            request_timeout_s=cfg.weight_update_timeout_s,
+        )
 
     @property
     def errors(self) -> list[WatcherEvent]:

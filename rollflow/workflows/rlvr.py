@@ -159,7 +159,7 @@ class RLVRWorkflow(RolloutWorkflow):
             from rollflow.rewards import AsyncRewardRunner
 
             reward_runner = AsyncRewardRunner(
-                self.reward_fn, max_workers=reward_workers, timeout_s=reward_timeout_s
+                reward_fn, max_workers=reward_workers, timeout_s=reward_timeout_s
             )
         self.reward_runner = reward_runner
         self.reward_counts = RewardCounts()

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def stop_process(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+def _stop_process(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     """SIGTERM the process group, then SIGKILL after ``grace_s`` (Prefect workers sometimes linger)."""
     if proc.poll() is not None:
         return
@@ -89,7 +89,7 @@ def prefect_server(prefect_env: dict[str, str]) -> Iterator[str]:
             time.sleep(0.5)
         yield api
     finally:
-        stop_process(proc)
+        _stop_process(proc)
 
 
 @pytest.fixture
@@ -99,3 +99,9 @@ def use_prefect_server(prefect_server: str, prefect_env: dict[str, str]) -> Iter
 
     with temporary_settings(updates={PREFECT_API_URL: prefect_server, PREFECT_HOME: prefect_env["PREFECT_HOME"]}):
         yield prefect_server
+
+
+@pytest.fixture(scope="session")
+def stop_process() -> Callable[..., None]:
+    """SIGTERM a process group, SIGKILL it after a grace period."""
+    return _stop_process

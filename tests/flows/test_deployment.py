@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import BIN, ROOT, stop_process
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +50,9 @@ def _flow_run_state(env: dict[str, str], flow_run_id: str) -> str:
     return json.loads(out.stdout)["state"]["type"]
 
 
-def test_deploy_run_and_cancel(prefect_server: str, prefect_env: dict[str, str], tmp_path: Path) -> None:
+def test_deploy_run_and_cancel(
+    prefect_server: str, prefect_env: dict[str, str], stop_process: Callable[..., None], tmp_path: Path
+) -> None:
     env = dict(prefect_env)
     env[TAG.split("=")[0]] = TAG.split("=")[1]
     for pool, kind, template in (

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from rollflow.rollout.inspect import format_table, main, read_trajectories, sample_trajectories
+from storage.fs import Storage
 from storage.schema import TrajectoryGroup, TrajectoryRow
 from storage.shard_writer import ShardWriter
 
@@ -30,16 +31,20 @@ def _group(
     return TrajectoryGroup(f"g{i}", f"p{i}", [row])
 
 
-@pytest.fixture
-def written(storage_spec: Any, tiny_model_dir: Path) -> Any:
+def _write_three(storage: Storage, model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    storage = storage_spec.open()
+    tok = AutoTokenizer.from_pretrained(model_dir)
     with ShardWriter(storage, "w", flush_rows=2) as writer:
         writer.add(_group(tok, 0, "<|im_start|>user\n1+1=?<|im_end|>\n", "2<|im_end|>", (3, 3), 1.0))
         writer.add(_group(tok, 1, "<|im_start|>user\n2+2=?<|im_end|>\n", "5<|im_end|>", (3, 4), 0.0))
         writer.add(_group(tok, 2, "<|im_start|>user\n3+3=?<|im_end|>\n", "6<|im_end|>", (5, 5), 1.0))
+
+
+@pytest.fixture
+def written(storage_spec: Any, tiny_model_dir: Path) -> Any:
+    storage = storage_spec.open()
+    _write_three(storage, tiny_model_dir)
     return storage_spec, storage
 
 
@@ -84,16 +89,15 @@ def test_cli_runs_as_a_module_and_says_when_there_is_nothing(tmp_path: Path) -> 
 
 
 def test_cli_with_a_config_file_and_sample_trajectories(
-    written: Any, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec, storage = written
-    if spec.backend != "local":
-        pytest.skip("the config route is the same for S3; one backend is enough")
+    storage = Storage.open(str(tmp_path / "store"), "exp", "t7", {})
+    _write_three(storage, tiny_model_dir)
     cfg = tmp_path / "exp.yaml"
     cfg.write_text(
-        f"experiment: {spec.experiment}\nstorage:\n  root: {spec.root}\nmodel:\n  path: {tiny_model_dir}\n"
+        f"experiment: exp\nstorage:\n  root: {tmp_path / 'store'}\nmodel:\n  path: {tiny_model_dir}\n"
     )
-    assert main(["--config", str(cfg), f"trial={spec.trial}", "--limit", "2"]) == 0
+    assert main(["--config", str(cfg), "trial=t7", "--limit", "2"]) == 0
     out = capsys.readouterr().out
     assert "3+3=?" in out and "2+2=?" in out and "1+1=?" not in out  # newest two
     samples = sample_trajectories(storage, str(tiny_model_dir), limit=1)

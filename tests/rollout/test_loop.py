@@ -177,9 +177,35 @@ def test_raising_rows_are_counted_and_too_many_stop_the_loop(storage: Storage) -
     assert state["failed"] >= 20  # more than 20 % of at least 20 episodes
 
 
-def test_build_workflow_passes_only_the_kwargs_a_class_accepts() -> None:
-    cfg = _cfg(workflow="tests.rollout.test_loop:OneRowWorkflow")
-    cfg.rollout.workflow = f"{__name__}:OneRowWorkflow"
+def test_loop_loads_the_configured_dataset(tmp_path: Path) -> None:
+    storage = Storage.open(str(tmp_path / "store"), "exp", "t0", {})
+    cfg = _cfg(max_epochs=1)
+    cfg.dataset.max_rows = 6  # the synthetic task's train split, first 6 rows
+    summary = asyncio.run(
+        run_rollout_loop(cfg, storage, FakeClient(), workflow=OneRowWorkflow(), poll_interval_s=0.02)
+    )
+    assert summary.accepted == 6 and summary.bad_rows == 0
+
+
+def test_build_workflow_from_config(tmp_path: Path) -> None:
+    from rollflow.models.tokenizer import build_tokenizer
+    from rollflow.workflows import MultiTurnWorkflow
+
+    build_tokenizer().save_pretrained(tmp_path / "tok")
+    cfg = _cfg(group_size=3)
+    cfg.model.path = str(tmp_path / "tok")
+    cfg.rollout.generation.max_new_tokens = 7
+    wf = build_workflow(cfg)  # the default: RLVRWorkflow with the synthetic task's reward
+    assert isinstance(wf, RLVRWorkflow) and wf.group_size == 3 and wf.sampling.max_new_tokens == 7
+    assert wf.reward_runner.fn_name == "rollflow.rewards.synthetic:synthetic_reward_fn"  # type: ignore[attr-defined]
+    wf.close()
+    cfg.rollout.workflow = "rollflow.workflows.multi_turn:MultiTurnWorkflow"
+    cfg.rollout.workflow_kwargs = {"max_turns": 3, "turn_discount": 0.5}
+    multi = build_workflow(cfg)
+    assert isinstance(multi, MultiTurnWorkflow) and (multi.max_turns, multi.turn_discount) == (3, 0.5)
+    multi.close()
+    # a class that takes no standard kwargs gets none of them
+    cfg.rollout.workflow, cfg.rollout.workflow_kwargs = f"{__name__}:OneRowWorkflow", {}
     assert isinstance(build_workflow(cfg), OneRowWorkflow)
 
 
@@ -341,13 +367,14 @@ def hang_on_seven(prompt: str, completion: str, answer: str, **data: Any) -> flo
 
 
 def test_loop_on_the_real_server_survives_hanging_rewards_bad_rows_and_failing_episodes(
-    cpu_server: Any, tiny_model_dir: Path, storage: Storage
+    cpu_server: Any, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from transformers import AutoTokenizer
 
     from rollflow.api.metrics import InMemorySink
     from rollflow.rollout.client import SGLangClient
 
+    storage = Storage.open(str(tmp_path / "store"), "exp", "t0", {})  # S3 is covered by the tests above
     cfg = _cfg(max_epochs=1, group_size=2, reward_timeout_s=0.5, reward_workers=2)
     cfg.rollout.generation.max_new_tokens = 4
     cfg.dataset.reward_fn = f"{__name__}:hang_on_seven"

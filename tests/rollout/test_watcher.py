@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from rollflow.api.config import InferenceConfig
 from rollflow.api.inference import GenerateRequest, SamplingParams
 from rollflow.api.metrics import InMemorySink
 from rollflow.rollout.client import SGLangClient
@@ -70,6 +71,13 @@ def test_first_poll_acks_the_version_already_served(
     assert w.events[-1].kind == "update" and w.events[-1].pause_s == 0.0  # "0" already served: no pause
     assert store.acks() == {default_server_id(addr): 0}
     assert w.poll_once() is None  # nothing new
+    w2 = CheckpointWatcher.from_config(
+        InferenceConfig(poll_interval_s=0.3, weight_update_timeout_s=9.0, api_key="k"),
+        store,
+        [addr],
+        cache_dir=cache_dir,
+    )
+    assert (w2.poll_interval_s, w2.request_timeout_s, w2.api_key) == (0.3, 9.0, "k")
 
 
 def test_update_in_the_middle_of_a_long_generation(

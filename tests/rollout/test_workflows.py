@@ -278,3 +278,35 @@ def test_tokenizer_without_chat_template_is_a_clear_error(tiny_model_dir: Path) 
     wf = RLVRWorkflow("builtins:len", tok, group_size=1, reward_runner=Scorer(1.0))
     with pytest.raises(ValueError, match="chat_template"):
         asyncio.run(wf.arun_episode(ScriptedClient(([5], "stop")), dict(ROW)))
+
+
+def test_multi_turn_tokens_equal_the_rendered_conversation_with_the_embedded_tokenizer() -> None:
+    """With the embedded default's tokenizer (ChatML, role names as whole tokens) the spliced sequence
+    is exactly the tokenization of the whole rendered conversation: no drift at turn boundaries."""
+    from rollflow.models import build_tokenizer
+    from rollflow.workflows.multi_turn import DEFAULT_FEEDBACK
+
+    tok = build_tokenizer()
+    eos = tok.eos_token_id
+    out1 = tok.encode("40", add_special_tokens=False) + [eos]
+    out2 = tok.encode("41", add_special_tokens=False) + [eos]
+    out3 = tok.encode("4", add_special_tokens=False)  # cut by max_new_tokens: no EOS
+    client = ScriptedClient((out1, "stop"), (out2, "stop"), (out3, "length"))
+    wf = MultiTurnWorkflow(
+        "builtins:len", tok, SamplingParams(max_new_tokens=3), group_size=1, reward_runner=Scorer(0.0),
+        max_turns=3,
+    )  # fmt: skip
+    group = asyncio.run(wf.arun_episode(client, dict(ROW)))
+    assert group is not None
+    (row,) = group.rows
+    convo = [
+        ROW["messages"][0],
+        {"role": "assistant", "content": "40"},
+        {"role": "user", "content": DEFAULT_FEEDBACK},
+        {"role": "assistant", "content": "41"},
+        {"role": "user", "content": DEFAULT_FEEDBACK},
+    ]
+    rendered = tok.apply_chat_template(convo, tokenize=False, add_generation_prompt=True) + "4"
+    assert row.input_ids == tok.encode(rendered, add_special_tokens=False)
+    assert sum(row.loss_mask) == len(out1) + len(out2) + len(out3)
+    assert row.n_turns == 3 and row.reward == 0.0 and row.versions.count(7) == sum(row.loss_mask)

@@ -179,3 +179,21 @@ def test_no_data_times_out(local_storage, tiny_model_dir: Path) -> None:
     with pytest.raises(TrainerError, match="no new trajectory group"):
         Trainer(cfg, local_storage).run()
     assert CheckpointStore(local_storage).resolve_latest().version == 0  # type: ignore[union-attr]
+
+
+def test_option_variants_run_and_checkpoint_every(local_storage, tiny_model_dir: Path) -> None:
+    write_groups(local_storage, [f"g{i}" for i in range(6)])
+    base, trial = local_storage.base.rsplit("/", 2)[0], local_storage.base.rsplit("/", 1)[1]
+    cfg = make_cfg(
+        base, "test", trial, tiny_model_dir,
+        use_decoupled_loss=False, loss_agg="seq-mean", adv_estimator="rloo", lr_schedule="cosine",
+        warmup_steps=1, c_clip=3.0, eps_clip_higher=0.28, behav_imp_weight_mode="truncate",
+        kl_ctl=0.1, kl_estimator="k2", ppo_n_minibatches=2, checkpoint_every=2,
+    )  # fmt: skip
+    sink = InMemorySink()
+    summary = Trainer(cfg, local_storage, metrics=sink).run()
+    assert summary.published_versions == [0, 2, 3]  # every 2nd version, and always the last one
+    assert sink.values("lr")[0] == pytest.approx(1e-3)  # warmup 1 step: (0 + 1) / 1
+    assert sink.values("lr")[2] < sink.values("lr")[1]  # cosine decay
+    assert sink.values("behav_weight_mean") == [1.0, 1.0, 1.0]  # decoupled off: prox is behav
+    assert all(k > 0 for k in sink.values("kl")) and len(sink.values("kl")) == 3

@@ -1,0 +1,303 @@
+"""Build the embedded default's policy: a tiny Llama, warm-started on the synthetic task, saved locally.
+
+What it is. ``bootstrap_tiny_model(cfg, out_dir, seed=...)`` writes a Hugging Face ``save_pretrained``
+directory (``config.json``, ``generation_config.json``, ``model.safetensors``, tokenizer files) of a
+``LlamaForCausalLM`` of about 0.8M parameters (defaults: hidden 128, 4 layers, 4 heads, 2 KV heads,
+tied embeddings) with the per-character tokenizer of ``rollflow.models.tokenizer``. No hub is touched.
+
+The warm start is supervised: ``cfg.warm_start_steps`` AdamW steps on ``a+b=`` prompts from the
+synthetic task's *train* pool (``rollflow.data.synthetic``; the held-out problems are never seen),
+loss on the completion tokens only, with labels that are right with probability
+``cfg.warm_start_p_correct`` and otherwise the "forgot the carry" distractor. Trained to the loss
+floor, the model knows both the sum and the bias: greedy decoding forgets the carry, sampling finds
+the right answer often enough for GRPO to learn from (figures in ``bench/task_check.py``).
+
+Guarantees:
+
+* **Deterministic**: the same ``(cfg, seed)`` gives byte-identical ``model.safetensors`` on one
+  machine and torch build (model init and data come from seeded generators; the global RNG state
+  is restored afterwards).
+* **Idempotent**: a marker file ``rollflow_bootstrap.json``, written last, records the config, seed
+  and recipe version; a second call with the same inputs returns at once, a different one rebuilds.
+* **Atomic**: everything is written into a temporary sibling directory, then renamed into place, so
+  a half-written directory is never taken for a finished one. An existing directory without our
+  marker is not overwritten (it may hold someone's model): that raises ``FileExistsError``.
+
+What it is not: a trainer for anything but this warm start (RL happens in ``rollflow.training``).
+
+Run it::
+
+    python -m rollflow.models.bootstrap --out runs/models/tiny [--seed 1] [--steps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import random
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from rollflow.api.config import TinyModelConfig
+from rollflow.data.synthetic import (
+    DEFAULT_CARRY_FRACTION,
+    AdditionProblem,
+    problem_pool,
+    warm_start_label,
+)
+from rollflow.models.tokenizer import build_tokenizer
+
+logger = logging.getLogger(__name__)
+
+MARKER = "rollflow_bootstrap.json"
+RECIPE_VERSION = 1  # bump when the task, tokenizer or warm-start recipe changes: old dirs rebuild
+_WARMUP_STEPS = 30
+
+
+def tiny_llama_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
+    """The Llama architecture of the tiny model (Llama, not Qwen2: see notes/stack.md section 6)."""
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size or 3 * cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|im_start|>"),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _encode_problems(
+    tokenizer: PreTrainedTokenizerFast, problems: list[AdditionProblem]
+) -> torch.Tensor:
+    """Chat-rendered prompts as one ``[N, P]`` tensor (every ``a+b=`` prompt has the same length).
+
+    The template is rendered once; each problem's characters are spliced into it, which is what
+    rendering per problem gives (checked on the first one) at a fraction of the cost.
+    """
+
+    def render(text: str) -> list[int]:
+        return list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+
+    probe = problems[0].text
+    template = render(probe)
+    content = tokenizer.encode(probe, add_special_tokens=False)
+    start = next(i for i in range(len(template)) if template[i : i + len(content)] == content)
+    prefix, suffix = template[:start], template[start + len(content) :]
+    char_ids = {c: tokenizer.convert_tokens_to_ids(c) for c in "0123456789+="}
+    rows = [prefix + [char_ids[c] for c in p.text] + suffix for p in problems]
+    if rows[-1] != render(problems[-1].text) or len({len(r) for r in rows}) != 1:
+        raise AssertionError("spliced prompt ids differ from the chat template's")
+    return torch.tensor(rows, dtype=torch.long)
+
+
+class _WarmStartData:
+    """Samples warm-start batches: prompt ids ``[B, P]`` + completion ids ``[B, C]`` + loss mask."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, p_correct: float, seed: int) -> None:
+        carry, plain = problem_pool("train")
+        self.carry, self.plain = list(carry), list(plain)
+        self.prompt_ids = {
+            p: row
+            for p, row in zip(self.carry + self.plain, _encode_problems(tokenizer, self.carry + self.plain))
+        }
+        self.digit_ids = {str(d): tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)}
+        self.eos, self.pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        self.p_correct = p_correct
+        self.rng = random.Random(f"rollflow-warm-start:{seed}")
+        self.completion_len = 4  # at most 3 digits (sum <= 198) + <|im_end|>
+
+    def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(input_ids [B, P + C], loss_mask [B, P + C])``; the mask covers the completion only."""
+        rng = self.rng
+        prompts, completions, masks = [], [], []
+        for _ in range(size):
+            pool = self.carry if rng.random() < DEFAULT_CARRY_FRACTION else self.plain
+            problem = pool[rng.randrange(len(pool))]
+            label = warm_start_label(problem, rng, self.p_correct)
+            ids = [self.digit_ids[c] for c in label] + [self.eos]
+            pad = self.completion_len - len(ids)
+            prompts.append(self.prompt_ids[problem])
+            completions.append(ids + [self.pad] * pad)
+            masks.append([1] * len(ids) + [0] * pad)
+        prompt = torch.stack(prompts)  # [B, P]
+        input_ids = torch.cat([prompt, torch.tensor(completions)], dim=1)  # [B, P + C]
+        loss_mask = torch.cat([torch.zeros_like(prompt), torch.tensor(masks)], dim=1)  # [B, P + C]
+        return input_ids, loss_mask
+
+
+def warm_start(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig, *, seed: int
+) -> dict[str, float]:
+    """Supervised warm start on the synthetic task (see the module docstring). Returns loss figures.
+
+    Loss per step, over completion tokens ``t`` only (``m_t`` = loss mask)::
+
+        L = - sum_t m_t log p(x_t | x_<t) / sum_t m_t
+
+    LR: linear warm-up over 30 steps, then cosine from ``warm_start_lr`` down to 10% of it.
+    Right padding after ``<|im_end|>`` needs no attention mask: causal attention never looks ahead.
+    """
+    data = _WarmStartData(tokenizer, cfg.warm_start_p_correct, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, betas=(0.9, 0.98), weight_decay=0.0)
+    steps = cfg.warm_start_steps
+    model.train()
+    losses: list[float] = []
+    for step in range(steps):
+        warm = min(1.0, (step + 1) / _WARMUP_STEPS)
+        cosine = 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * step / steps))
+        for group in opt.param_groups:
+            group["lr"] = cfg.warm_start_lr * warm * cosine
+        input_ids, loss_mask = data.batch(cfg.warm_start_batch_size)
+        logits = model(input_ids=input_ids).logits[:, :-1]  # [B, T-1, V] predicts tokens 1..T-1
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), input_ids[:, 1:].reshape(-1), reduction="none"
+        ).view_as(input_ids[:, 1:])  # [B, T-1]
+        mask = loss_mask[:, 1:].float()  # [B, T-1]
+        loss = (nll * mask).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if (step + 1) % 100 == 0:
+            logger.info("warm start step %d/%d loss %.4f", step + 1, steps, losses[-1])
+    model.eval()
+    tail = losses[-20:] or [float("nan")]
+    return {"final_loss": sum(tail) / len(tail), "first_loss": losses[0] if losses else float("nan")}
+
+
+def marker_key(cfg: TinyModelConfig, seed: int) -> dict[str, Any]:
+    """What makes a bootstrap directory current: the config, the seed and the recipe version."""
+    return {"recipe_version": RECIPE_VERSION, "seed": seed, "tiny": dataclasses.asdict(cfg)}
+
+
+def read_marker(out_dir: str | Path) -> dict[str, Any] | None:
+    """The marker of a finished bootstrap directory, or None."""
+    path = Path(out_dir) / MARKER
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _build(cfg: TinyModelConfig, target: Path, seed: int) -> dict[str, Any]:
+    """Write the model, tokenizer and marker into ``target`` (a fresh directory)."""
+    t0 = time.monotonic()
+    tokenizer = build_tokenizer(model_max_length=cfg.max_position_embeddings)
+    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG as it was
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(tiny_llama_config(cfg, tokenizer))
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.bos_token_id = model.config.bos_token_id
+        stats = warm_start(model, tokenizer, cfg, seed=seed) if cfg.warm_start_steps > 0 else {}
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    seconds = time.monotonic() - t0
+    marker = {
+        "key": marker_key(cfg, seed),
+        "architecture": "LlamaForCausalLM",
+        "params": sum(p.numel() for p in model.parameters()),
+        "weights_sha256": _sha256(target / "model.safetensors"),
+        "warm_start": {**stats, "steps": cfg.warm_start_steps, "seconds": round(seconds, 2)},
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+    (target / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")  # last: "done"
+    logger.info(
+        "tiny model: %d params, warm start %d steps, final loss %.4f, %.1f s",
+        marker["params"],
+        cfg.warm_start_steps,
+        stats.get("final_loss", float("nan")),
+        seconds,
+    )
+    return marker
+
+
+def bootstrap_tiny_model(cfg: TinyModelConfig, out_dir: str | Path, *, seed: int) -> Path:
+    """Build (or find) the tiny model directory for ``(cfg, seed)`` at ``out_dir``; returns its path.
+
+    Raises:
+        FileExistsError: ``out_dir`` exists, is not empty and holds no bootstrap marker.
+    """
+    out = Path(out_dir).resolve()
+    key = marker_key(cfg, seed)
+    marker = read_marker(out)
+    if marker is not None and marker.get("key") == key:
+        logger.info("tiny model at %s is current (seed %d); not rebuilding", out, seed)
+        return out
+    if out.exists() and marker is None and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(
+            f"{out} exists and is not a rollflow tiny-model directory (no {MARKER}); remove it or choose "
+            "another model.path"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        _build(cfg, tmp, seed)
+        old = None
+        if out.exists():  # ours, with another key (or empty): move aside, then swap in
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            out.rename(old)
+        try:
+            tmp.rename(out)
+        except OSError:
+            # Another process finished the same build first; keep theirs if it is what we want.
+            theirs = read_marker(out)
+            if theirs is None or theirs.get("key") != key:
+                raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rollflow.models.bootstrap", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="directory to write the model into")
+    parser.add_argument("--seed", type=int, default=1, help="seed of init and warm-start data (default 1)")
+    parser.add_argument("--steps", type=int, default=None, help="override model.tiny.warm_start_steps")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = TinyModelConfig()
+    if args.steps is not None:
+        cfg = dataclasses.replace(cfg, warm_start_steps=args.steps)
+    path = bootstrap_tiny_model(cfg, args.out, seed=args.seed)
+    sys.stdout.write(f"{path}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
