@@ -75,7 +75,8 @@ def n_params(path: Path) -> int:
     from safetensors import safe_open
 
     with safe_open(str(path / "model.safetensors"), "pt") as f:
-        return sum(math.prod(f.get_slice(k).get_shape()) for k in f)
+        names = f.keys()  # safe_open is not iterable
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in names)
 
 
 def prompts(batch: int, vocab: int, seed: int) -> list[list[int]]:

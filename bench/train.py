@@ -17,11 +17,14 @@ train_details.json):
 - train_compute_vs_plain_torch: the same with the trainer's compute part only (no data, publish, resume).
 - train_vs_plain_torch_total: total plain time / total trainer time (the headline is the median of
   per-step-pair ratios, which one burst of load from another process cannot swing).
+- train_vs_plain_torch_cpu: the median pair ratio in process CPU time instead of wall time (what each
+  side costs, whatever else runs on the machine).
 - trainer_tokens_per_s, plain_tokens_per_s; peak_rss_mb of a trainer-only process, plain_peak_rss_mb.
 
 Method: this machine is shared, so the two sides are paired step by step in one process. The plain loop
 runs as the trainer's TrainerHooks, one plain step per trainer step on the same batch, alternately just
-before and just after it; both sides see the same load. The first WARMUP steps are not counted. Peak RSS
+before and just after it; both sides see the same load. The trainer is clocked from outside: all time
+outside the hooks is its own, plus any background upload still running when a hook starts. The first WARMUP steps are not counted. Peak RSS
 comes from separate trainer-only and plain-only processes. Model: the embedded-default size (Llama,
 hidden 128, 4 layers, vocab 40, 0.8M params); batch: 8 groups x 8 samples x 64 tokens.
 
@@ -144,7 +147,12 @@ def phase_trainer(workdir: Path, trial: str, steps: int, threads: int, hooks: An
 
 
 class PlainLoop:
-    """The same forwards on the same padded batches, in plain PyTorch, one step per call."""
+    """The same forwards on the same padded batches, in plain PyTorch, one step per call.
+
+    Used as the trainer's TrainerHooks it also clocks the trainer: everything outside the hooks (the
+    trainer's take, compute, consumed log, publish, resume point) is charged to the trainer step it
+    belongs to, in wall time and in process CPU time.
+    """
 
     def __init__(self, workdir: Path, trial: str, steps: int, threads: int) -> None:
         import torch
@@ -160,13 +168,17 @@ class PlainLoop:
         self.batches = [build_batch(reader.take(GROUPS).groups) for _ in range(steps)]  # untimed data prep
         self.model = AutoModelForCausalLM.from_pretrained(workdir / "model", dtype=torch.float32)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.seconds: dict[int, float] = {}
-        self.trainer_extra_s: dict[int, float] = {}
+        self.wall: dict[int, float] = {}  # plain step i
+        self.cpu: dict[int, float] = {}
+        self.trainer_wall: dict[int, float] = {}  # trainer step i, clocked from outside
+        self.trainer_cpu: dict[int, float] = {}
+        self._mark: tuple[float, float] | None = None
+        self._acc = [0.0, 0.0]
 
-    def step(self, i: int) -> float:
+    def step(self, i: int) -> None:
         import torch
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         b = self.batches[i]
         ids, mask = b.input_ids, b.loss_mask
         rewards = b.rewards.view(GROUPS, GROUP_SIZE)
@@ -183,29 +195,39 @@ class PlainLoop:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        self.seconds[i] = time.perf_counter() - t0
-        return self.seconds[i]
+        self.wall[i] = time.perf_counter() - t0
+        self.cpu[i] = time.process_time() - c0
 
-    # TrainerHooks: one plain step per trainer step on the same batch, alternately before and after it,
-    # so both sides see the same machine load (this box is shared) and neither always runs cache-warm.
-    def _trainer_background(self, i: int) -> None:
-        """Finish the trainer's background upload first and charge it to the trainer (conservative:
-        in a real run it overlaps the trainer's next step instead of the plain step)."""
-        t0 = time.perf_counter()
+    # --- TrainerHooks: one plain step per trainer step on the same batch, alternately just before and
+    # just after it, so both sides see the same machine load and neither always runs cache-warm.
+
+    def _pause_trainer(self) -> None:
+        """Hook entry: charge the time since the trainer got control back, then finish its background
+        upload (also charged to it: conservative, as in a real run that overlaps its next step)."""
         for t in threading.enumerate():
             if t.name.startswith("publish-v"):
                 t.join()
-        self.trainer_extra_s[i] = self.trainer_extra_s.get(i, 0.0) + time.perf_counter() - t0
+        if self._mark is not None:
+            self._acc[0] += time.perf_counter() - self._mark[0]
+            self._acc[1] += time.process_time() - self._mark[1]
+
+    def _resume_trainer(self) -> None:
+        self._mark = (time.perf_counter(), time.process_time())
 
     def before_step(self, version: int) -> None:
+        self._pause_trainer()
         if version % 2 == 1:
-            self._trainer_background(version - 1)
             self.step(version)
+        self._resume_trainer()
 
     def after_step(self, version: int) -> None:
-        if (version - 1) % 2 == 0:
-            self._trainer_background(version - 1)
-            self.step(version - 1)
+        self._pause_trainer()
+        i = version - 1
+        self.trainer_wall[i], self.trainer_cpu[i] = self._acc
+        self._acc = [0.0, 0.0]
+        if i % 2 == 0:
+            self.step(i)
+        self._resume_trainer()
 
 
 def phase_plain(workdir: Path, trial: str, steps: int, threads: int) -> dict[str, Any]:
@@ -214,7 +236,7 @@ def phase_plain(workdir: Path, trial: str, steps: int, threads: int) -> dict[str
         loop.step(i)
     return {
         "tokens": [float(b.attention_mask.sum()) for b in loop.batches],
-        "step_s": [loop.seconds[i] for i in range(steps)],
+        "step_s": [loop.wall[i] for i in range(steps)],
         "peak_rss_mb": _peak_rss_mb(),
     }
 
@@ -222,8 +244,10 @@ def phase_plain(workdir: Path, trial: str, steps: int, threads: int) -> dict[str
 def phase_paired(workdir: Path, trial: str, steps: int, threads: int) -> dict[str, Any]:
     plain = PlainLoop(workdir, trial + "-copy", steps, threads)
     out = phase_trainer(workdir, trial, steps, threads, hooks=plain)
-    out["plain_s"] = [plain.seconds[i] for i in range(steps)]
-    out["trainer_background_s"] = [plain.trainer_extra_s.get(i, 0.0) for i in range(steps)]
+    out["plain_s"] = [plain.wall[i] for i in range(steps)]
+    out["plain_cpu_s"] = [plain.cpu[i] for i in range(steps)]
+    out["trainer_s"] = [plain.trainer_wall[i] for i in range(steps)]
+    out["trainer_cpu_s"] = [plain.trainer_cpu[i] for i in range(steps)]
     out["plain_tokens"] = [float(b.attention_mask.sum()) for b in plain.batches]
     return out
 
@@ -280,22 +304,23 @@ def main(argv: list[str] | None = None) -> int:
                 write_shards(Storage.open(str(workdir / "store"), "bench", t), GROUPS * steps, seed=i)
             runs[phase].append(_run_phase(phase, workdir, trial, steps, args.threads))
 
-    # Per-step pairs after warmup: same batch, same moment, same process. The headline ratios are the
+    # Per-step pairs after warmup: same batch, same moment, same process. The headline ratio is the
     # median over pairs of plain_time / trainer_time (robust to load bursts from other processes);
-    # the *_tokens_per_s figures are totals.
-    ratios, compute_ratios = [], []
+    # the CPU-time variant is insensitive to other processes altogether; *_tokens_per_s are totals.
+    ratios, cpu_ratios, compute_ratios = [], [], []
     trainer_s, plain_s, tokens = 0.0, 0.0, 0.0
     for r in runs["paired"]:
         assert r["tokens"] == r["plain_tokens"], "the two sides must train on the same batches"
         for i in range(WARMUP, len(r["tokens"])):
-            t_trainer = r["step_s"][i] + r["trainer_background_s"][i]
-            ratios.append(r["plain_s"][i] / t_trainer)
+            ratios.append(r["plain_s"][i] / r["trainer_s"][i])
+            cpu_ratios.append(r["plain_cpu_s"][i] / r["trainer_cpu_s"][i])
             compute_ratios.append(r["plain_s"][i] / r["compute_s"][i])
-            trainer_s += t_trainer
+            trainer_s += r["trainer_s"][i]
             plain_s += r["plain_s"][i]
             tokens += r["tokens"][i]
     figures = {
         "train_vs_plain_torch": median(ratios),
+        "train_vs_plain_torch_cpu": median(cpu_ratios),
         "train_compute_vs_plain_torch": median(compute_ratios),
         "train_vs_plain_torch_total": plain_s / trainer_s,
         "trainer_tokens_per_s": tokens / trainer_s,

@@ -230,6 +230,10 @@ def build_app(state: ServerState) -> web.Application:
             for it in items:
                 engine.abort(it.rid)
             raise
+        for r in results:  # SGLang: an abort carrying an HTTP status (e.g. an engine error) is an HTTP error
+            code = (r["meta_info"]["finish_reason"] or {}).get("status_code")
+            if isinstance(code, int) and 400 <= code < 600:
+                return web.json_response(error_body(r["meta_info"]["finish_reason"]["message"]), status=code)
         return web.json_response(results if is_batch else results[0])
 
     async def pause_generation(request: web.Request) -> web.Response:

@@ -174,7 +174,11 @@ class Engine:
             self._pending = _Pending(tensors, weight_version, fut)
             self._maybe_apply_pending()
 
-        self._command(cmd)
+        def propagate(cf: Future[Any]) -> None:  # the command itself failed (e.g. shutting down)
+            if cf.exception() is not None and not fut.done():
+                fut.set_exception(cf.exception())  # type: ignore[arg-type]
+
+        self._command(cmd).add_done_callback(propagate)
         return fut
 
     def flush_cache(self) -> Future[bool]:

@@ -25,17 +25,20 @@ A malformed row - missing field, wrong type, empty prompt, unparseable GSM8K ans
 raises ``DatasetRowError`` naming the split, row index and field and saying which config key fixes it;
 with ``cfg.on_bad_row="skip"`` it is dropped, counted and the count logged.
 
-Offline note: ``HF_HUB_OFFLINE=1`` is fine for local and s3:// files; ``HF_DATASETS_OFFLINE=1`` also
-blocks s3:// data files (notes/stack.md section 7).
+Offline note: with ``HF_HUB_OFFLINE=1`` local and s3:// files still load (datasets 5.x would refuse
+s3:// under it; see ``_remote_files_allowed``); an explicit ``HF_DATASETS_OFFLINE=1`` blocks s3://.
 
 What it is not: a data pipeline. No shuffling, epochs or batching (the rollout loop's cursor does that).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import threading
+from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -47,6 +50,7 @@ from rollflow.rewards.math_answer import parse_gsm8k_reference, parse_number
 logger = logging.getLogger(__name__)
 
 RESERVED_FIELDS = ("prompt_id", "messages", "answer")
+_OFFLINE_LOCK = threading.Lock()
 _ROLES = ("system", "user", "assistant")
 # "train=..." (a split name has no '/', so "data/year=2024/x.parquet" and s3:// URLs are paths).
 _SPLIT_ENTRY_RE = re.compile(r"^\s*[\w.-]+\s*=")
@@ -80,11 +84,14 @@ def data_files_for(cfg: DatasetConfig, split: str) -> str:
         for part in parts:
             name, _, value = part.partition("=")
             if not value.strip():
-                raise ConfigError("dataset.path", f"split {name.strip()!r} has no file; write 'train=a.jsonl,...'")
+                raise ConfigError(
+                    "dataset.path", f"split {name.strip()!r} has no file; write 'train=a.jsonl,...'"
+                )
             mapping[name.strip()] = value.strip()
         if split not in mapping:
             raise ConfigError(
-                "dataset.path", f"names splits {sorted(mapping)} but split {split!r} was asked; add {split}=..."
+                "dataset.path",
+                f"names splits {sorted(mapping)} but split {split!r} was asked; add {split}=...",
             )
         return mapping[split]
     if split != cfg.train_split:
@@ -122,28 +129,61 @@ def _load_raw(cfg: DatasetConfig, split: str, storage_options: dict[str, Any] | 
     kwargs: dict[str, Any] = {}
     if fmt == "csv" and data_files.lower().split("?", 1)[0].endswith((".tsv", ".tsv.gz")):
         kwargs["delimiter"] = "\t"
-    if data_files.startswith("s3://") and os.environ.get("HF_DATASETS_OFFLINE") == "1":
-        logger.warning("HF_DATASETS_OFFLINE=1 also blocks s3:// data files; unset it to read %s", data_files)
-    return datasets.load_dataset(
-        fmt,
-        data_files={split: data_files},
-        split=split,
-        storage_options=storage_options or None,
-        **kwargs,
-    )
+    with _remote_files_allowed(data_files):
+        return datasets.load_dataset(
+            fmt,
+            data_files={split: data_files},
+            split=split,
+            storage_options=storage_options or None,
+            **kwargs,
+        )
+
+
+@contextlib.contextmanager
+def _remote_files_allowed(data_files: str) -> Iterator[None]:
+    """Let ``datasets`` read remote *data files* while ``HF_HUB_OFFLINE=1`` keeps the hub off.
+
+    datasets 5.x treats an unset ``HF_DATASETS_OFFLINE`` as ``HF_HUB_OFFLINE`` and then refuses
+    every remote URL, s3:// included. Files the config names are not the hub, so for them the flag
+    is lifted (the hub stays blocked by huggingface_hub's own flag). An explicit
+    ``HF_DATASETS_OFFLINE=1`` is respected, with an error that says so.
+    """
+    import datasets.config
+
+    if "://" not in data_files or data_files.startswith("file://") or not datasets.config.HF_HUB_OFFLINE:
+        yield
+        return
+    if os.environ.get("HF_DATASETS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        raise ConfigError(
+            "dataset.path",
+            f"HF_DATASETS_OFFLINE=1 blocks remote data files such as {data_files!r}; unset it "
+            "(HF_HUB_OFFLINE=1 alone keeps the model/dataset hub off)",
+        )
+    with _OFFLINE_LOCK:
+        datasets.config.HF_HUB_OFFLINE = False
+        try:
+            yield
+        finally:
+            datasets.config.HF_HUB_OFFLINE = True
 
 
 def _messages(cfg: DatasetConfig, row: dict[str, Any], columns: list[str]) -> list[dict[str, str]]:
     if cfg.messages_field is not None:
         key = cfg.messages_field
-        if key not in row:
-            raise _BadRow(key, "is missing", f"set dataset.messages_field to one of {columns}")
+        if row.get(key) is None:  # columnar files fill a missing field with null
+            raise _BadRow(key, "is missing or null", f"set dataset.messages_field to one of {columns}")
         value = row[key]
         if not isinstance(value, list) or not value:
-            raise _BadRow(key, f"must be a non-empty list of {{role, content}}, got {value!r:.80}", "fix the data")
+            raise _BadRow(
+                key, f"must be a non-empty list of {{role, content}}, got {value!r:.80}", "fix the data"
+            )
         messages: list[dict[str, str]] = []
         for j, m in enumerate(value):
-            if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in _ROLES:
+            if (
+                not isinstance(m, dict)
+                or not isinstance(m.get("content"), str)
+                or m.get("role") not in _ROLES
+            ):
                 raise _BadRow(
                     f"{key}[{j}]",
                     f"must be {{'role': one of {list(_ROLES)}, 'content': str}}, got {m!r:.80}",
@@ -154,8 +194,10 @@ def _messages(cfg: DatasetConfig, row: dict[str, Any], columns: list[str]) -> li
             raise _BadRow(key, "has no non-empty user message", "fix the data")
     else:
         key = cfg.prompt_field
-        if key not in row:
-            raise _BadRow(key, "is missing", f"set dataset.prompt_field (or messages_field) to one of {columns}")
+        if row.get(key) is None:
+            raise _BadRow(
+                key, "is missing or null", f"set dataset.prompt_field (or messages_field) to one of {columns}"
+            )
         text = row[key]
         if not isinstance(text, str):
             raise _BadRow(key, f"must be a string, got {type(text).__name__} {text!r:.60}", "fix the data")
@@ -169,11 +211,13 @@ def _messages(cfg: DatasetConfig, row: dict[str, Any], columns: list[str]) -> li
 
 def _answer(cfg: DatasetConfig, row: dict[str, Any], columns: list[str]) -> str:
     key = cfg.answer_field
-    if key not in row:
-        raise _BadRow(key, "is missing", f"set dataset.answer_field to one of {columns}")
+    if row.get(key) is None:
+        raise _BadRow(key, "is missing or null", f"set dataset.answer_field to one of {columns}")
     value = row[key]
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise _BadRow(key, f"must be a string or number, got {type(value).__name__} {value!r:.60}", "fix the data")
+        raise _BadRow(
+            key, f"must be a string or number, got {type(value).__name__} {value!r:.60}", "fix the data"
+        )
     text = str(value).strip()
     if not text:
         raise _BadRow(key, "is empty", "fix the data")
@@ -196,11 +240,15 @@ def _answer(cfg: DatasetConfig, row: dict[str, Any], columns: list[str]) -> str:
 def _prompt_id(cfg: DatasetConfig, row: dict[str, Any], split: str, index: int, columns: list[str]) -> str:
     if cfg.id_field is None:
         return f"{split}-{index}"
-    if cfg.id_field not in row:
-        raise _BadRow(cfg.id_field, "is missing", f"set dataset.id_field to one of {columns} or to null")
-    value = row[cfg.id_field]
-    if value is None or isinstance(value, (list, dict)) or not str(value).strip():
-        raise _BadRow(cfg.id_field, f"must be a non-empty string or number, got {value!r:.60}", "fix the data")
+    value = row.get(cfg.id_field)
+    if value is None:
+        raise _BadRow(
+            cfg.id_field, "is missing or null", f"set dataset.id_field to one of {columns} or to null"
+        )
+    if isinstance(value, (list, dict)) or not str(value).strip():
+        raise _BadRow(
+            cfg.id_field, f"must be a non-empty string or number, got {value!r:.60}", "fix the data"
+        )
     return str(value)
 
 
@@ -246,7 +294,14 @@ def map_rows(
         row.update({k: v for k, v in record.items() if k not in consumed})
         rows.append(row)
     if bad:
-        logger.warning("%s split %r: skipped %d malformed rows of %d; first: %s", source, split, bad, bad + len(rows), first_bad)
+        logger.warning(
+            "%s split %r: skipped %d malformed rows of %d; first: %s",
+            source,
+            split,
+            bad,
+            bad + len(rows),
+            first_bad,
+        )
     return rows
 
 

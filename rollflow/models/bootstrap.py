@@ -83,9 +83,7 @@ def tiny_llama_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) 
     )
 
 
-def _encode_problems(
-    tokenizer: PreTrainedTokenizerFast, problems: list[AdditionProblem]
-) -> torch.Tensor:
+def _encode_problems(tokenizer: PreTrainedTokenizerFast, problems: list[AdditionProblem]) -> torch.Tensor:
     """Chat-rendered prompts as one ``[N, P]`` tensor (every ``a+b=`` prompt has the same length).
 
     The template is rendered once; each problem's characters are spliced into it, which is what
@@ -95,7 +93,10 @@ def _encode_problems(
     def render(text: str) -> list[int]:
         return list(
             tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+                [{"role": "user", "content": text}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
             )
         )
 
@@ -119,7 +120,9 @@ class _WarmStartData:
         self.carry, self.plain = list(carry), list(plain)
         self.prompt_ids = {
             p: row
-            for p, row in zip(self.carry + self.plain, _encode_problems(tokenizer, self.carry + self.plain))
+            for p, row in zip(
+                self.carry + self.plain, _encode_problems(tokenizer, self.carry + self.plain), strict=True
+            )
         }
         self.digit_ids = {str(d): tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)}
         self.eos, self.pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -282,7 +285,9 @@ def bootstrap_tiny_model(cfg: TinyModelConfig, out_dir: str | Path, *, seed: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rollflow.models.bootstrap", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rollflow.models.bootstrap", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--out", required=True, help="directory to write the model into")
     parser.add_argument("--seed", type=int, default=1, help="seed of init and warm-start data (default 1)")
     parser.add_argument("--steps", type=int, default=None, help="override model.tiny.warm_start_steps")

@@ -128,7 +128,7 @@ def extract_answer(completion: str) -> str | None:
     if marked and marked.group(1).strip():
         return marked.group(1).strip().splitlines()[0]
     said = None
-    for said in _ANSWER_IS_RE.finditer(completion):
+    for said in _ANSWER_IS_RE.finditer(completion):  # noqa: B007 - we want the last match
         pass
     if said is not None:
         # "The answer is 42." - keep the rest of that line; parse_number takes its first number.

@@ -35,6 +35,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -138,10 +139,8 @@ class _Worker:
 
     def _close_pipes(self) -> None:
         for close in (self._out.close, lambda: os.close(self._in_fd)):
-            try:
+            with contextlib.suppress(OSError):
                 close()
-            except OSError:
-                pass
 
     def kill(self) -> None:
         """SIGKILL now (a hung reward ignores everything else)."""

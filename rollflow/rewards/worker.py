@@ -67,7 +67,9 @@ def main(argv: list[str]) -> int:
 
         fn = import_string(spec)
     except BaseException as exc:  # report any import failure instead of dying silently
-        replies.write(json.dumps({"error": f"cannot import reward function {spec!r}: {exc!r}"}).encode() + b"\n")
+        replies.write(
+            json.dumps({"error": f"cannot import reward function {spec!r}: {exc!r}"}).encode() + b"\n"
+        )
         return 1
     replies.write(b'{"ready": true}\n')
     for line in requests:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -97,17 +98,21 @@ def sample_trajectories(storage: Storage, tokenizer: Any = None, *, limit: int =
     return read_trajectories(storage, tokenizer=tokenizer, limit=limit, newest_first=True)
 
 
+_MARKUP = re.compile(r"<\|[A-Za-z_]+\|>")  # ChatML-style special tokens: <|im_start|>, <|im_end|>, ...
+
+
 def _cell(value: Any, width: int) -> str:
     text = str(value).replace("\n", "\\n")
     return text if len(text) <= width else text[: width - 1] + "~"
 
 
 def format_table(rows: Sequence[dict[str, Any]], *, width: int = 48) -> str:
-    """A fixed-width table: versions | reward | turns | prompt | completion."""
+    """A fixed-width table: versions | reward | turns | prompt (template markup dropped) | completion."""
     cols = [("versions", 9), ("reward", 7), ("turns", 5), ("prompt", width), ("completion", width)]
     lines = [" | ".join(name.ljust(w) for name, w in cols), "-+-".join("-" * w for _, w in cols)]
     for r in rows:
-        values = [r["versions"], f"{r['reward']:.3f}", r["n_turns"], r["prompt"], r["completion"]]
+        prompt = _MARKUP.sub("", r["prompt"])
+        values = [r["versions"], f"{r['reward']:.3f}", r["n_turns"], prompt, r["completion"]]
         lines.append(" | ".join(_cell(v, w).ljust(w) for v, (_, w) in zip(values, cols, strict=True)))
     return "\n".join(lines)
 

@@ -78,6 +78,7 @@ def fake_sglang(tmp_path: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(tmp_path / "fake"), "FAKE_SGLANG_RECORD": str(tmp_path / "argv.jsonl")}
 
 
+@pytest.mark.slow
 def test_launch_waits_for_health_and_stops_cleanly(
     tiny_model_dir: Path, fake_sglang: dict[str, str], tmp_path: Path
 ) -> None:

@@ -59,7 +59,7 @@ def test_read_trajectories_decodes_prompt_and_completion(written: Any, tiny_mode
     newest = read_trajectories(storage, tokenizer=str(tiny_model_dir), limit=2)
     assert [r["prompt_id"] for r in newest] == ["p2", "p1"]
     table = format_table(rows, width=30)
-    assert "v3-4" in table and "<|im_start|>user\\n2+2=?" in table and len(table.splitlines()) == 5
+    assert "v3-4" in table and "user\\n2+2=?\\n" in table and len(table.splitlines()) == 5
 
 
 def test_without_tokenizer_shows_token_ids(written: Any) -> None:

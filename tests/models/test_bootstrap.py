@@ -1,0 +1,140 @@
+"""bootstrap_tiny_model: a loadable HF directory, deterministic, idempotent, atomic; and the CLI.
+
+Fast tests use a very small config (hidden 32, 1 layer, a few warm-start steps); the default model
+and its accuracy are checked by the slow test at the end and by ``python -m bench.task_check``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rollflow.api.config import TinyModelConfig
+from rollflow.models import bootstrap_tiny_model, read_marker
+from rollflow.models.bootstrap import MARKER, main
+
+SMALL = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, warm_start_steps=3)
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_writes_a_loadable_llama_directory(tmp_path: Path) -> None:
+    out = bootstrap_tiny_model(SMALL, tmp_path / "tiny", seed=1)
+    assert out == (tmp_path / "tiny").resolve()
+    names = set(os.listdir(out))
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", MARKER} <= names
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no temporary dirs left behind
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert model.config.eos_token_id == tok.eos_token_id == 3 and model.config.pad_token_id == 0
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "12+35="}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    out_ids = model.generate(**ids, max_new_tokens=4, do_sample=False)
+    assert out_ids.shape[1] <= ids["input_ids"].shape[1] + 4
+    marker = read_marker(out)
+    assert marker is not None and marker["weights_sha256"] == _sha(out)
+    assert marker["key"]["seed"] == 1 and marker["key"]["tiny"]["hidden_size"] == 32
+
+
+def test_deterministic_for_a_seed_and_leaves_the_global_rng_alone(tmp_path: Path) -> None:
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    a = bootstrap_tiny_model(SMALL, tmp_path / "a", seed=5)
+    assert torch.equal(torch.rand(1), expected_next)  # the caller's RNG stream is untouched
+    b = bootstrap_tiny_model(SMALL, tmp_path / "b", seed=5)
+    c = bootstrap_tiny_model(SMALL, tmp_path / "c", seed=6)
+    assert _sha(a) == _sha(b)
+    assert _sha(a) != _sha(c)
+
+
+def test_idempotent_and_rebuilds_on_a_different_config(tmp_path: Path) -> None:
+    out = bootstrap_tiny_model(SMALL, tmp_path / "m", seed=1)
+    mtime = (out / "model.safetensors").stat().st_mtime_ns
+    again = bootstrap_tiny_model(SMALL, tmp_path / "m", seed=1)
+    assert again == out and (out / "model.safetensors").stat().st_mtime_ns == mtime  # not rewritten
+    changed = dataclasses.replace(SMALL, warm_start_steps=4)
+    bootstrap_tiny_model(changed, tmp_path / "m", seed=1)
+    assert read_marker(out)["key"]["tiny"]["warm_start_steps"] == 4  # type: ignore[index]
+    bootstrap_tiny_model(changed, tmp_path / "m", seed=2)
+    assert read_marker(out)["key"]["seed"] == 2  # type: ignore[index]
+    assert sorted(p for p in os.listdir(tmp_path)) == ["m"]  # the old directories were removed
+
+
+def test_a_half_written_directory_is_never_taken_for_a_finished_one(tmp_path: Path) -> None:
+    # A crash mid-build leaves only the hidden temporary directory; the target does not exist yet.
+    (tmp_path / ".m.tmp-dead").mkdir()
+    (tmp_path / ".m.tmp-dead" / "config.json").write_text("{}")
+    out = bootstrap_tiny_model(SMALL, tmp_path / "m", seed=1)
+    assert read_marker(out) is not None
+    # A directory with model files but no marker (someone else's, or a copy cut short) is refused,
+    # not trusted and not overwritten.
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "model.safetensors").write_bytes(b"partial")
+    with pytest.raises(FileExistsError, match="not a rollflow tiny-model directory"):
+        bootstrap_tiny_model(SMALL, foreign, seed=1)
+    assert (foreign / "model.safetensors").read_bytes() == b"partial"
+    # A corrupt marker is no marker.
+    (out / MARKER).write_text("{not json")
+    assert read_marker(out) is None
+    # An empty directory is fine to fill.
+    (tmp_path / "empty").mkdir()
+    assert read_marker(bootstrap_tiny_model(SMALL, tmp_path / "empty", seed=1)) is not None
+
+
+def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("rollflow.models.bootstrap.TinyModelConfig", lambda: SMALL)
+    assert main(["--out", str(tmp_path / "cli"), "--seed", "3", "--steps", "2"]) == 0
+    assert capsys.readouterr().out.strip() == str((tmp_path / "cli").resolve())
+    marker = read_marker(tmp_path / "cli")
+    assert marker is not None and marker["key"]["seed"] == 3 and marker["warm_start"]["steps"] == 2
+
+
+@pytest.mark.slow
+def test_default_model_is_small_and_biased_as_designed(tmp_path: Path) -> None:
+    """The demo's starting point (see rollflow.data.synthetic): greedy forgets the carry."""
+    from rollflow.data.synthetic import sample_problems
+
+    out = bootstrap_tiny_model(TinyModelConfig(), tmp_path / "tiny", seed=1)
+    marker = read_marker(out)
+    assert marker is not None and 500_000 <= marker["params"] <= 2_000_000
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    problems = sample_problems("test", 200, seed=1234)
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=False
+        )
+        for p in problems
+    ]
+    batch = tok(prompts, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        greedy = model.generate(**batch, max_new_tokens=5, do_sample=False)
+    texts = tok.batch_decode(greedy[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+    accuracy = sum(t.strip() == p.answer for t, p in zip(texts, problems, strict=True)) / len(problems)
+    assert 0.05 <= accuracy <= 0.35
+    carry_right = [t.strip() == p.answer for t, p in zip(texts, problems, strict=True) if p.needs_carry]
+    plain_right = [t.strip() == p.answer for t, p in zip(texts, problems, strict=True) if not p.needs_carry]
+    assert sum(plain_right) / len(plain_right) >= 0.7  # no carry needed: it knows the sum
+    assert sum(carry_right) / len(carry_right) <= 0.2  # carry needed: greedy forgets it
