@@ -6,7 +6,7 @@ Run:  .venv/bin/python -m bench.inference            (about 2-4 minutes on 2 cor
 Prints one `name value` line per figure and writes them to bench/results/inference.json (raw timings and
 the models used in inference_details.json). Models are random Llamas built here (no hub):
 
-- throughput model "bench-4m": hidden 256, 4 layers, 4 heads (2 KV), MLP 688, vocab 2048, fp32 (4.2M
+- throughput model "bench-4m": hidden 256, 4 layers, 4 heads (2 KV), MLP 688, vocab 2048, fp32 (3.95M
   parameters, the size of the 4.7M row in notes/stack.md); the 0.8M test model is too small: at that
   size a decode step is mostly Python overhead on either side.
 - weight-update model "bench-32m": hidden 512, 8 layers, 8 heads (4 KV), MLP 1408, vocab 8192, fp32
@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import platform
 import statistics
 import tempfile
@@ -272,10 +273,12 @@ def main() -> None:
     args = ap.parse_args()
     reps = 2 if args.quick else 5
     details: dict[str, Any] = {"machine": platform.platform(), "torch": torch.__version__, "reps": reps}
+    details["load_avg_at_start"] = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="rollflow-bench-inference-") as tmp:
         root = Path(tmp)
-        figures = bench_throughput(root, reps, details)
+        figures = bench_throughput(root, reps + 2, details)
         figures.update(bench_weight_update(root, reps, details))
+    details["load_avg_at_end"] = os.getloadavg()
     report("inference", figures, details)
     print(json.dumps({k: round(v, 3) for k, v in figures.items()}))
 

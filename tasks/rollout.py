@@ -52,9 +52,10 @@ def rollout_loop(
     )
     watcher.start()
     name = writer_name or f"rollout-{socket.gethostname()}"
-    try:
-        summary = asyncio.run(
-            run_rollout_loop(
+
+    async def run() -> Any:
+        try:
+            return await run_rollout_loop(
                 cfg,
                 storage,
                 client,
@@ -63,7 +64,16 @@ def rollout_loop(
                 metrics=sink,
                 writer_name=name,
             )
-        )
+        finally:
+            await client.aclose()
+
+    try:
+        summary = asyncio.run(run())
+        done = CheckpointStore(storage).is_done()
+        if done is not None:  # keep loading weights until the servers serve the final policy
+            final = int(done.get("final_version", done.get("version", 0)))
+            if not watcher.wait_for_version(final, timeout_s=cfg.orchestration.stop_timeout_s * 4):
+                logger.warning("servers did not reach the final version %d; last error: %s", final, watcher.errors[-1:])
     except BaseException:
         stop_event.set()
         raise

@@ -27,7 +27,7 @@ What it is not: a trainer for anything but this warm start (RL happens in ``roll
 
 Run it::
 
-    python -m rollflow.models.bootstrap --out runs/models/tiny [--seed 1] [--steps 300]
+    python -m rollflow.models.bootstrap --out runs/models/tiny [--seed 1] [--steps 300] [--threads 1]
 """
 
 from __future__ import annotations
@@ -243,8 +243,15 @@ def _build(cfg: TinyModelConfig, target: Path, seed: int) -> dict[str, Any]:
     return marker
 
 
-def bootstrap_tiny_model(cfg: TinyModelConfig, out_dir: str | Path, *, seed: int) -> Path:
+def bootstrap_tiny_model(
+    cfg: TinyModelConfig, out_dir: str | Path, *, seed: int, threads: int | None = 1
+) -> Path:
     """Build (or find) the tiny model directory for ``(cfg, seed)`` at ``out_dir``; returns its path.
+
+    ``threads``: torch intra-op threads for the build, restored afterwards (None: leave as is). One
+    thread is the default because this model's matrices are too small to gain from more, and two
+    threads next to any other busy process on a 2-core machine run several times slower (OpenMP
+    threads spin-waiting for a core). The weights do not depend on it.
 
     Raises:
         FileExistsError: ``out_dir`` exists, is not empty and holds no bootstrap marker.
@@ -263,7 +270,10 @@ def bootstrap_tiny_model(cfg: TinyModelConfig, out_dir: str | Path, *, seed: int
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    saved_threads = torch.get_num_threads()
     try:
+        if threads is not None:
+            torch.set_num_threads(threads)
         _build(cfg, tmp, seed)
         old = None
         if out.exists():  # ours, with another key (or empty): move aside, then swap in
@@ -279,6 +289,7 @@ def bootstrap_tiny_model(cfg: TinyModelConfig, out_dir: str | Path, *, seed: int
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     finally:
+        torch.set_num_threads(saved_threads)
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -291,15 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory to write the model into")
     parser.add_argument("--seed", type=int, default=1, help="seed of init and warm-start data (default 1)")
     parser.add_argument("--steps", type=int, default=None, help="override model.tiny.warm_start_steps")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for the build (default 1)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     cfg = TinyModelConfig()
     if args.steps is not None:
         cfg = dataclasses.replace(cfg, warm_start_steps=args.steps)
-    path = bootstrap_tiny_model(cfg, args.out, seed=args.seed)
+    path = bootstrap_tiny_model(cfg, args.out, seed=args.seed, threads=args.threads)
     sys.stdout.write(f"{path}\n")
     return 0
 

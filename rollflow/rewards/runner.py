@@ -274,7 +274,7 @@ class AsyncRewardRunner:
             if not worker.ready:
                 try:
                     hello = await worker.arecv(_STARTUP_TIMEOUT_S)
-                except (TimeoutError, EOFError) as exc:
+                except (asyncio.TimeoutError, TimeoutError, EOFError) as exc:
                     hello = {"error": f"reward worker did not start: {exc!r}"}
                 if "error" in hello:
                     worker = self._retire(worker, "start-up failed")
@@ -301,7 +301,7 @@ class AsyncRewardRunner:
         try:
             worker.send(payload)
             reply = await worker.arecv(self.timeout_s)
-        except TimeoutError:
+        except (asyncio.TimeoutError, TimeoutError):  # distinct classes on Python 3.10
             worker = self._retire(worker, f"reward call exceeded {self.timeout_s:g} s")
             return RewardOutcome(0.0, error=f"timed out after {self.timeout_s:g} s", timed_out=True), worker
         except (EOFError, OSError) as exc:

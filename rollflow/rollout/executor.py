@@ -101,9 +101,7 @@ class ExecutorStats:
             "shard_flushes": float(self.flushes),
             "write_errors": float(self.write_errors),
         }
-        for reason, n in self.rejected.items():
-            out[f"rejected_{reason}"] = float(n)
-        return out
+        return out | {f"rejected_{reason}": float(n) for reason, n in self.rejected.items()}
 
 
 @dataclass
@@ -183,7 +181,7 @@ class WorkflowExecutor:
         await self.astart()
         return self
 
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose(cancel=True)
 
     async def astart(self) -> None:
@@ -383,7 +381,7 @@ class WorkflowExecutor:
 
     def _new_key(self) -> int:
         self._next_key += 1
-        return self._next_key - 1
+        return self._next_key
 
     def _check_running(self) -> None:
         self.raise_if_failed()

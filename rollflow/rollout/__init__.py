@@ -1,0 +1,1 @@
+"""The producer side: staleness-bounded executor, rollout loop, SGLang-protocol client, checkpoint watcher."""
