@@ -1,35 +1,23 @@
-"""Blocking calls to the SGLang control routes of a set of servers (pause / continue / model info).
+"""Blocking control calls to a set of servers: pause / continue generation, served weight versions.
 
-What it is: a tiny synchronous helper for orchestration code that is not on an event loop (trainer
-hooks of the synchronous baseline, readiness checks). What it is not: the generation client
-(``rollflow.rollout.client``), which is async and handles retries and resumption.
+What it is: a tiny synchronous facade over ``rollflow.rollout.routing.control_call`` for orchestration
+code that is not on an event loop (trainer hooks of the synchronous baseline, readiness checks).
+What it is not: the generation client (``rollflow.rollout.client``), which retries and resumes.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.request
-from typing import Any
+from rollflow.rollout.routing import control_call
 
 
 class ServerControl:
     def __init__(self, addresses: list[str], *, api_key: str | None = None, timeout_s: float = 30.0) -> None:
         self.addresses = list(addresses)
-        self._headers = {"Content-Type": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
-        self._timeout = timeout_s
+        self._api_key = api_key
+        self._timeout_s = timeout_s
 
-    def _call(self, address: str, route: str, body: dict[str, Any] | None = None) -> Any:
-        url = address if address.startswith("http") else f"http://{address}"
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(url + route, data=data, headers=self._headers, method="GET" if data is None else "POST")
-        with urllib.request.urlopen(req, timeout=self._timeout) as resp:
-            raw = resp.read()
-        try:
-            return json.loads(raw) if raw else None
-        except json.JSONDecodeError:
-            return raw.decode(errors="replace")
+    def _call(self, address: str, route: str, body: dict | None = None) -> object:
+        return control_call(address, route, body, api_key=self._api_key, timeout_s=self._timeout_s)
 
     def pause(self, mode: str = "abort") -> None:
         for a in self.addresses:
@@ -41,4 +29,4 @@ class ServerControl:
 
     def weight_versions(self) -> dict[str, str]:
         """Server address -> the weight_version it serves (from /get_model_info)."""
-        return {a: str(self._call(a, "/get_model_info")["weight_version"]) for a in self.addresses}
+        return {a: str(self._call(a, "/get_model_info")["weight_version"]) for a in self.addresses}  # type: ignore[index]

@@ -16,6 +16,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
+from rollflow.api.errors import InferenceError
 from rollflow.api.inference import SamplingParams
 from rollflow.api.metrics import MetricsSink
 from tasks.tracking import PrefixSink, table_artifact
@@ -133,8 +134,8 @@ def eval_loop(
     while not stop_event.wait(1.0):
         try:
             served = _served_version(addresses, cfg.inference.api_key)
-        except OSError:
-            continue  # a server restarting; try again next second
+        except InferenceError:
+            continue  # a server busy or restarting; try again next second
         if served < next_version or served >= cfg.train.steps:
             continue  # the final version is scored by the flow after training
         result = run_eval(cfg, addresses)

@@ -41,12 +41,11 @@ def rollout_loop(
     storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
     sink = PrefixSink(metrics, "rollout/")
     client = SGLangClient.from_config(cfg.inference, addresses, metrics=sink)
-    watcher = CheckpointWatcher(
+    watcher = CheckpointWatcher.from_config(
+        cfg.inference,
         CheckpointStore(storage),
         addresses,
         cache_dir=Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial,
-        poll_interval_s=cfg.inference.poll_interval_s,
-        api_key=cfg.inference.api_key,
         on_update=client.set_version,
         metrics=sink,
     )

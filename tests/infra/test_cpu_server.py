@@ -241,7 +241,9 @@ def test_pause_abort_returns_partials_and_new_requests_wait(addr: str) -> None:
     t1.join(10)
     assert first["meta_info"]["finish_reason"]["type"] == "abort" and 0 < len(first["output_ids"]) < 900
     second: dict[str, Any] = {}
-    t2 = threading.Thread(target=lambda: second.update(generate(addr, PROMPT, max_new_tokens=5, ignore_eos=True)))
+    t2 = threading.Thread(
+        target=lambda: second.update(generate(addr, PROMPT, max_new_tokens=5, ignore_eos=True))
+    )
     t2.start()
     time.sleep(0.5)
     assert t2.is_alive() and not second, "a /generate while paused must wait, not fail"

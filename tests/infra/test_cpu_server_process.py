@@ -57,7 +57,9 @@ def test_sigterm_returns_partial_output_and_exits_cleanly(keyed_server: ServerGr
     out: dict[str, Any] = {}
     body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
     t = threading.Thread(
-        target=lambda: out.update(zip(("status", "body"), post(addr, "/generate", body, key=KEY), strict=True))
+        target=lambda: out.update(
+            zip(("status", "body"), post(addr, "/generate", body, key=KEY), strict=True)
+        )
     )
     t.start()
     time.sleep(0.5)
