@@ -21,12 +21,13 @@ What it is not: a test (it asserts nothing) or the product's trainer (``rollflow
 
 Run it::
 
-    python -m bench.task_check [--threads 2] [--seed 1] [--steps 100] [--lr 2e-5] [--json bench/results/task_check.json]
+    python -m bench.task_check [--threads 1] [--seed 1] [--steps 100] [--lr 2e-5] [--json bench/results/task_check.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -125,11 +126,12 @@ def grpo_step(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.task_check", description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (the target is 2 CPU cores)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: robust on a busy 2-core box)")
     ap.add_argument("--seed", type=int, default=1, help="bootstrap seed")
     ap.add_argument(
         "--model", default=None, help="use this bootstrap directory instead of building a fresh one"
     )
+    ap.add_argument("--warm-start-steps", type=int, default=None, help="override model.tiny.warm_start_steps")
     ap.add_argument("--steps", type=int, default=100, help="GRPO steps (0: skip the learnability check)")
     ap.add_argument("--lr", type=float, default=2e-5, help="GRPO AdamW learning rate")
     ap.add_argument("--batch", type=int, default=16, help="prompts per GRPO step")
@@ -142,18 +144,23 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"threads": args.threads, "seed": args.seed}
 
     t0 = time.monotonic()
+    tiny = TinyModelConfig()
+    if args.warm_start_steps is not None:
+        tiny = dataclasses.replace(tiny, warm_start_steps=args.warm_start_steps)
+    report["warm_start_steps"] = tiny.warm_start_steps
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = (
             Path(args.model)
             if args.model
-            else bootstrap_tiny_model(TinyModelConfig(), Path(tmp) / "tiny", seed=args.seed)
+            else bootstrap_tiny_model(tiny, Path(tmp) / "tiny", seed=args.seed, threads=args.threads)
         )
         report["bootstrap_s"] = round(time.monotonic() - t0, 1)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         tok = AutoTokenizer.from_pretrained(model_dir)
     report["params"] = sum(p.numel() for p in model.parameters())
     print(
-        f"bootstrap: {report['bootstrap_s']} s on {args.threads} threads, {report['params']:,} params",
+        f"bootstrap: {report['bootstrap_s']} s on {args.threads} thread(s), {tiny.warm_start_steps} "
+        f"warm-start steps, {report['params']:,} params",
         flush=True,
     )
 

@@ -83,7 +83,10 @@ def _run_distributed(cfg: ExperimentConfig, config: str | None, overrides: list[
 
     params = {"config": config, "overrides": overrides}
     runs = {}
-    for role, name in (("train", cfg.orchestration.train_deployment), ("rollout", cfg.orchestration.rollout_deployment)):
+    for role, name in (
+        ("train", cfg.orchestration.train_deployment),
+        ("rollout", cfg.orchestration.rollout_deployment),
+    ):
         runs[role] = run_deployment(
             name,
             parameters=params,
@@ -93,7 +96,11 @@ def _run_distributed(cfg: ExperimentConfig, config: str | None, overrides: list[
         )
     from prefect.client.orchestration import get_client
 
-    deadline = None if cfg.orchestration.deployment_timeout_s is None else time.monotonic() + cfg.orchestration.deployment_timeout_s
+    deadline = (
+        None
+        if cfg.orchestration.deployment_timeout_s is None
+        else time.monotonic() + cfg.orchestration.deployment_timeout_s
+    )
     states: dict[str, Any] = {}
     with get_client(sync_client=True) as client:
         while len(states) < len(runs):
@@ -104,7 +111,9 @@ def _run_distributed(cfg: ExperimentConfig, config: str | None, overrides: list[
                 if state is not None and state.is_final():
                     states[role] = state
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"deployments did not finish within {cfg.orchestration.deployment_timeout_s}s")
+                raise TimeoutError(
+                    f"deployments did not finish within {cfg.orchestration.deployment_timeout_s}s"
+                )
             time.sleep(2.0)
     failed = {r: s.name for r, s in states.items() if not s.is_completed()}
     if failed:
@@ -181,7 +190,9 @@ def async_rl(
             tracker.finish(status)
 
 
-def _finish_tracking(cfg: ExperimentConfig, tracker: Any, parts: dict[str, Any], summary: dict[str, Any]) -> str | None:
+def _finish_tracking(
+    cfg: ExperimentConfig, tracker: Any, parts: dict[str, Any], summary: dict[str, Any]
+) -> str | None:
     from rollflow.rollout.inspect import sample_trajectories
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage

@@ -38,7 +38,9 @@ def evaluate(
     if version < 0:
         latest = store.resolve_latest()
         if latest is None:
-            raise CheckpointNotFoundError(f"no committed checkpoint under {store.storage.root_uri}; train first")
+            raise CheckpointNotFoundError(
+                f"no committed checkpoint under {store.storage.root_uri}; train first"
+            )
         version = latest.version
     local = store.fetch(version, Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial)
     eval_cfg = dataclasses.replace(

@@ -20,7 +20,9 @@ from tasks.servers import start_servers, stop_servers
 
 
 @flow(name="rollout", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
-def rollout(config: str | None = "configs/tiny_cpu.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
+def rollout(
+    config: str | None = "configs/tiny_cpu.yaml", overrides: list[str] | None = None
+) -> dict[str, Any]:
     """Generate and commit trajectory shards until the trainer is done."""
     configure_process_env()
     cfg = resolve_config(config, overrides or [])

@@ -37,7 +37,9 @@ def train_torchrun(cfg: ExperimentConfig, config: str | None, overrides: list[st
     cmd += overrides
     get_run_logger().info("launching: %s", " ".join(cmd))
     subprocess.run(cmd, check=True)
-    done = CheckpointStore(Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)).is_done()
+    done = CheckpointStore(
+        Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    ).is_done()
     return dict(done or {})
 
 

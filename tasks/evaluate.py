@@ -7,7 +7,6 @@ final policy), scores ``eval.n_prompts`` held-out prompts greedily and writes a 
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from typing import Any
@@ -19,6 +18,7 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import InferenceError
 from rollflow.api.inference import SamplingParams
 from rollflow.api.metrics import MetricsSink
+from tasks.runtime import run_sync
 from tasks.tracking import PrefixSink, table_artifact
 
 
@@ -76,7 +76,7 @@ def run_eval(cfg: ExperimentConfig, addresses: list[str]) -> Any:
         finally:
             await client.aclose()
 
-    return asyncio.run(go())
+    return run_sync(go())
 
 
 @task(name="evaluate-policy", cache_policy=NO_CACHE, persist_result=False, task_run_name="evaluate-{label}")

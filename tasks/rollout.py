@@ -6,7 +6,6 @@ returns the loop's summary (accepted/rejected groups, shards written, weight upd
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import socket
 import threading
@@ -18,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.metrics import MetricsSink
+from tasks.runtime import run_sync
 from tasks.tracking import PrefixSink
 
 
@@ -67,12 +67,14 @@ def rollout_loop(
             await client.aclose()
 
     try:
-        summary = asyncio.run(run())
+        summary = run_sync(run())
         done = CheckpointStore(storage).is_done()
         if done is not None:  # keep loading weights until the servers serve the final policy
             final = int(done.get("final_version", done.get("version", 0)))
             if not watcher.wait_for_version(final, timeout_s=cfg.orchestration.stop_timeout_s * 4):
-                logger.warning("servers did not reach the final version %d; last error: %s", final, watcher.errors[-1:])
+                logger.warning(
+                    "servers did not reach the final version %d; last error: %s", final, watcher.errors[-1:]
+                )
     except BaseException:
         stop_event.set()
         raise

@@ -7,14 +7,19 @@ What it is not: anything that touches storage or servers.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.config_loader import load_config, to_yaml
+
+T = TypeVar("T")
 
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -40,3 +45,14 @@ def resolve_config(
     cfg = load_config(config, overrides or [], data=data)
     get_run_logger().info("resolved config (secrets redacted):\n%s", to_yaml(cfg))
     return cfg
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` that also works where an event loop already runs in this thread (Jupyter):
+    the coroutine then runs on a fresh loop in a helper thread and this thread waits for it."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollflow-sync") as pool:
+        return pool.submit(asyncio.run, coro).result()

@@ -3,6 +3,10 @@
 - `s3_server` (session): `python -m moto.server` in a subprocess on a free loopback port, started once
   for the whole session and stopped after it. Moto enforces conditional writes (If-None-Match), which
   the commit protocol relies on. Sets AWS_DEFAULT_REGION=us-east-1 and dummy credentials for the session.
+- `prefect_server` (session): `prefect server start` on a free loopback port with SQLite under a temp
+  PREFECT_HOME; `prefect_env` is the environment to run CLI/worker subprocesses with, and
+  `use_prefect_server` points this process's Prefect client at it.
+- `mlflow_server` (session): `mlflow server` on a free loopback port (SQLite + local artifacts).
 - `storage_spec` / `storage`: parametrized `local` | `s3` (the s3 case is marked `s3`); every test gets a
   fresh, unique trial so tests never see each other's keys.
 
@@ -17,6 +21,9 @@ Use from any test package:
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +31,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,11 +87,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float, what: str = "moto server") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"moto server exited early with code {proc.returncode}")
+            raise RuntimeError(f"{what} exited early with code {proc.returncode}")
         try:
             urllib.request.urlopen(url, timeout=0.5).read()
             return
@@ -92,7 +99,7 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
             return  # it answered
         except OSError:
             time.sleep(0.1)
-    raise RuntimeError(f"moto server did not answer on {url} within {timeout}s")
+    raise RuntimeError(f"{what} did not answer on {url} within {timeout}s")
 
 
 def start_moto_server(log_path: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
@@ -116,15 +123,20 @@ def start_moto_server(log_path: Path | None = None) -> tuple[subprocess.Popen[by
     raise RuntimeError(f"could not start moto server: {last}")
 
 
-def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
-    """SIGTERM, wait, then SIGKILL, by PID."""
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0, *, group: bool = False) -> None:
+    """SIGTERM, wait, then SIGKILL, by PID (or the whole process group: Prefect workers linger)."""
     if proc.poll() is not None:
         return
-    proc.terminate()
+
+    def send(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+
+    send(signal.SIGTERM)
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        send(signal.SIGKILL)
         proc.wait(timeout=grace)
 
 
@@ -165,3 +177,107 @@ def storage_spec(request: pytest.FixtureRequest, tmp_path: Path) -> StorageSpec:
 def storage(storage_spec: StorageSpec) -> Storage:
     """`Storage` of a fresh trial, local or S3 (see `storage_spec`)."""
     return storage_spec.open()
+
+
+# --- Prefect and MLflow servers ---------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _start_logged(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # noqa: SIM115
+    )
+
+
+@pytest.fixture(scope="session")
+def prefect_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = _free_port()
+    return dict(
+        os.environ,
+        PREFECT_HOME=str(home),
+        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
+        PREFECT_SERVER_API_PORT=str(port),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        DO_NOT_TRACK="true",
+        PREFECT_WORKER_QUERY_SECONDS="1",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        ROLLFLOW_PROJECT_DIR=str(ROOT),
+    )
+
+
+@pytest.fixture(scope="session")
+def prefect_server(prefect_env: dict[str, str]) -> Iterator[str]:
+    api = prefect_env["PREFECT_API_URL"]
+    log = Path(prefect_env["PREFECT_HOME"]) / "server.log"
+    cmd = [
+        str(BIN / "prefect"),
+        "server",
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        prefect_env["PREFECT_SERVER_API_PORT"],
+    ]
+    proc = _start_logged(cmd, prefect_env, log)
+    try:
+        try:
+            _wait_http(api + "/health", proc, timeout=120, what="prefect server")
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}\n{log.read_text()[-3000:]}") from None
+        yield api
+    finally:
+        stop_process(proc, grace=15, group=True)
+
+
+@pytest.fixture
+def use_prefect_server(prefect_server: str, prefect_env: dict[str, str]) -> Iterator[str]:
+    """Point this process's Prefect client at the session server."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    with temporary_settings(
+        updates={PREFECT_API_URL: prefect_server, PREFECT_HOME: prefect_env["PREFECT_HOME"]}
+    ):
+        yield prefect_server
+
+
+@pytest.fixture(scope="session")
+def stop_process_group() -> Callable[[subprocess.Popen[bytes]], None]:
+    """SIGTERM a process group, SIGKILL it after 15 s."""
+    return lambda proc: stop_process(proc, grace=15, group=True)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    env = dict(
+        os.environ,
+        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        DO_NOT_TRACK="true",
+    )
+    cmd = [
+        str(BIN / "mlflow"), "server",
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination", str(root / "artifacts"),
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    ]  # fmt: skip
+    proc = _start_logged(cmd, env, root / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            _wait_http(url + "/health", proc, timeout=90, what="mlflow server")
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}\n{(root / 'server.log').read_text()[-3000:]}") from None
+        yield url
+    finally:
+        stop_process(proc, grace=15, group=True)

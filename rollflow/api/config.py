@@ -72,7 +72,7 @@ class TinyModelConfig:
     )
     warm_start_lr: float = field(default=3e-3, metadata=_help("Learning rate of the warm start."))
     intermediate_size: int | None = field(
-        default=None, metadata=_help("MLP width of the tiny model (None = 3 * hidden_size).")
+        default=None, metadata=_help("MLP width of the tiny model (None = 2 * hidden_size).")
     )
     max_position_embeddings: int = field(
         default=512, metadata=_help("Longest sequence (prompt + completion, all turns) the tiny model takes.")
@@ -157,9 +157,7 @@ class SyntheticTaskConfig:
     def __post_init__(self) -> None:
         _check(self.n_train > 0, "dataset.synthetic.n_train", "must be > 0")
         _check(self.n_eval > 0, "dataset.synthetic.n_eval", "must be > 0")
-        _check(
-            0.0 <= self.carry_fraction <= 1.0, "dataset.synthetic.carry_fraction", "must be in [0, 1]"
-        )
+        _check(0.0 <= self.carry_fraction <= 1.0, "dataset.synthetic.carry_fraction", "must be in [0, 1]")
 
 
 @dataclass
@@ -371,9 +369,7 @@ class InferenceConfig:
         default="127.0.0.1",
         metadata=_help("Bind address of launched servers. Keep loopback unless you set api_key."),
     )
-    base_port: int = field(
-        default=0, metadata=_help("First port of launched servers (0 = pick free ports).")
-    )
+    base_port: int = field(default=0, metadata=_help("First port of launched servers (0 = pick free ports)."))
     api_key: str | None = field(
         default=None,
         metadata=_help(
@@ -397,7 +393,9 @@ class InferenceConfig:
     )
     initial_weight_version: str = field(
         default="0",
-        metadata=_help("weight_version that launched servers report for model.path (SGLang's --weight-version)."),
+        metadata=_help(
+            "weight_version that launched servers report for model.path (SGLang's --weight-version)."
+        ),
     )
     startup_timeout_s: float = field(
         default=120.0, metadata=_help("CPU server: how long to wait for /health after launch.")
@@ -407,7 +405,9 @@ class InferenceConfig:
     )
     weight_update_timeout_s: float = field(
         default=600.0,
-        metadata=_help("Watcher: timeout of one /update_weights_from_disk call (the server loads the weights)."),
+        metadata=_help(
+            "Watcher: timeout of one /update_weights_from_disk call (the server loads the weights)."
+        ),
     )
     sglang: SGLangConfig = field(default_factory=SGLangConfig, metadata=_help("SGLang launcher."))
 
@@ -494,7 +494,8 @@ class TrainConfig:
         default=None, metadata=_help("Clip scaled rewards to [-c, c]; None = off.")
     )
     loss_agg: Literal["token-mean", "seq-mean"] = field(
-        default="token-mean", metadata=_help("Average the loss over tokens, or per sequence then over sequences.")
+        default="token-mean",
+        metadata=_help("Average the loss over tokens, or per sequence then over sequences."),
     )
     checkpoint_every: int = field(
         default=1, metadata=_help("Publish a checkpoint every k versions (inference picks it up).")

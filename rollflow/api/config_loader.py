@@ -296,7 +296,9 @@ def _doc_section(cls: type, prefix: str, lines: list[str]) -> None:
             continue
         help_text = f.metadata.get("help", "").replace("|", "\\|")
         type_text = _type_name(tp).replace("|", "\\|")
-        rows.append(f"| `{prefix}{f.name}` | {type_text} | {_default_repr(f).replace('|', '/')} | {help_text} |")
+        rows.append(
+            f"| `{prefix}{f.name}` | {type_text} | {_default_repr(f).replace('|', '/')} | {help_text} |"
+        )
     if rows:
         title = prefix.rstrip(".") or "top level"
         lines += [f"## `{title}`", ""]

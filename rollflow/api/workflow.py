@@ -42,7 +42,9 @@ def import_string(spec: str) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise WorkflowImportError(f"module {module_name!r} has no attribute {attr!r} (from {spec!r})") from None
+            raise WorkflowImportError(
+                f"module {module_name!r} has no attribute {attr!r} (from {spec!r})"
+            ) from None
     return obj
 
 

@@ -2,8 +2,8 @@
 
 What it is. ``bootstrap_tiny_model(cfg, out_dir, seed=...)`` writes a Hugging Face ``save_pretrained``
 directory (``config.json``, ``generation_config.json``, ``model.safetensors``, tokenizer files) of a
-``LlamaForCausalLM`` of about 0.8M parameters (defaults: hidden 128, 4 layers, 4 heads, 2 KV heads,
-tied embeddings) with the per-character tokenizer of ``rollflow.models.tokenizer``. No hub is touched.
+``LlamaForCausalLM`` of about 0.6M parameters (defaults: hidden 128, MLP 256, 4 layers, 4 heads,
+2 KV heads, tied embeddings) with the per-character tokenizer of ``rollflow.models.tokenizer``. No hub is touched.
 
 The warm start is supervised: ``cfg.warm_start_steps`` AdamW steps on ``a+b=`` prompts from the
 synthetic task's *train* pool (``rollflow.data.synthetic``; the held-out problems are never seen),
@@ -70,7 +70,7 @@ def tiny_llama_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) 
     return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size or 3 * cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size or 2 * cfg.hidden_size,
         num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads,
         num_key_value_heads=cfg.num_kv_heads,

@@ -13,6 +13,7 @@ Tracking URI: ``cfg.tracking.mlflow_tracking_uri``, else ``$MLFLOW_TRACKING_URI`
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
@@ -181,15 +182,15 @@ class MlflowTracker:
             self.client.log_artifact(self.run_id, str(path), str(Path(artifact_file).parent))
 
     # -- model registry ----------------------------------------------------------------------
-    def register_checkpoint(self, local_dir: str | Path, *, version: int, extra_tags: dict[str, Any] | None = None) -> str:
+    def register_checkpoint(
+        self, local_dir: str | Path, *, version: int, extra_tags: dict[str, Any] | None = None
+    ) -> str:
         """Upload a HF checkpoint dir as run artifact ``checkpoint`` and register it; returns the registry version."""
         from mlflow.exceptions import MlflowException
 
         self.client.log_artifacts(self.run_id, str(local_dir), "checkpoint")
-        try:
+        with contextlib.suppress(MlflowException):  # already registered
             self.client.create_registered_model(self.model_name)
-        except MlflowException:
-            pass  # already exists
         tags = {"policy_version": str(version), "trial": self.cfg.trial, "experiment": self.cfg.experiment}
         tags.update({k: str(v) for k, v in (extra_tags or {}).items()})
         mv = self.client.create_model_version(
@@ -203,7 +204,9 @@ class MlflowTracker:
         return str(mv.version)
 
 
-def download_latest_registered(tracking_uri: str, model_name: str, dst: str | Path) -> tuple[Path, dict[str, str]]:
+def download_latest_registered(
+    tracking_uri: str, model_name: str, dst: str | Path
+) -> tuple[Path, dict[str, str]]:
     """Download the newest version of a registered rollflow policy; returns (local HF dir, its tags)."""
     import mlflow
     from mlflow.tracking import MlflowClient

@@ -15,7 +15,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_async_rl_learns_and_reports(use_prefect_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_async_rl_learns_and_reports(
+    use_prefect_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from flows.async_rl import async_rl
     from storage.fs import Storage
     from storage.shards import ShardReader

@@ -51,7 +51,7 @@ def _flow_run_state(env: dict[str, str], flow_run_id: str) -> str:
 
 
 def test_deploy_run_and_cancel(
-    prefect_server: str, prefect_env: dict[str, str], stop_process: Callable[..., None], tmp_path: Path
+    prefect_server: str, prefect_env: dict[str, str], stop_process_group: Callable[..., None], tmp_path: Path
 ) -> None:
     env = dict(prefect_env)
     env[TAG.split("=")[0]] = TAG.split("=")[1]
@@ -67,10 +67,20 @@ def test_deploy_run_and_cancel(
         assert res.returncode == 0, res.stdout + res.stderr
     res = _prefect(env, "deploy", "--all")
     assert res.returncode == 0, res.stdout + res.stderr
-    for name in ("async-rl/local", "async-rl/gpu", "rollout/gpu", "train/gpu", "evaluate/local", "async-rl/nightly"):
-        assert f"'{name}' successfully created" in res.stdout.replace("\n", " ").replace("│", " ") or name in res.stdout
+    for name in (
+        "async-rl/local",
+        "async-rl/gpu",
+        "rollout/gpu",
+        "train/gpu",
+        "evaluate/local",
+        "async-rl/nightly",
+    ):
+        assert (
+            f"'{name}' successfully created" in res.stdout.replace("\n", " ").replace("│", " ")
+            or name in res.stdout
+        )
 
-    worker_log = open(tmp_path / "worker.log", "wb")
+    worker_log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 (outlives this block)
     worker = subprocess.Popen(
         [str(BIN / "prefect"), "worker", "start", "--pool", "rollflow-local"],
         env=env, cwd=ROOT, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -92,7 +102,9 @@ def test_deploy_run_and_cancel(
             "--watch", "--watch-interval", "2", "--watch-timeout", "420",
             timeout=480,
         )  # fmt: skip
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:] + (tmp_path / "worker.log").read_text()[-5000:]
+        assert res.returncode == 0, (
+            res.stdout[-3000:] + res.stderr[-3000:] + (tmp_path / "worker.log").read_text()[-5000:]
+        )
         assert "Completed" in res.stdout, res.stdout[-3000:]
         assert (root / "tiny-arith" / "deploy-test" / "trainer" / "DONE.json").exists()
 
@@ -119,4 +131,4 @@ def test_deploy_run_and_cancel(
             assert time.monotonic() < deadline, "inference servers outlived the cancelled flow run"
             time.sleep(1)
     finally:
-        stop_process(worker)
+        stop_process_group(worker)

@@ -36,7 +36,9 @@ def test_notebook_executes(use_prefect_server: str, tmp_path: Path) -> None:
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits this process's environment
     try:
-        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+        NotebookClient(
+            nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+        ).execute()
     finally:
         for k, v in old.items():
             if v is None:
@@ -44,7 +46,11 @@ def test_notebook_executes(use_prefect_server: str, tmp_path: Path) -> None:
             else:
                 os.environ[k] = v
     outputs = "".join(
-        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("name") == "stdout"
+        o.get("text", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("name") == "stdout"
     )
     assert "accuracy before" in outputs and "final version 6" in outputs
     last = nb.cells[-1].outputs

@@ -46,7 +46,8 @@ def test_run_params_metrics_registry_over_http(mlflow_server: str, tmp_path: Pat
 
     # Read it back over plain HTTP (the REST API), not through the tracker.
     req = urllib.request.Request(
-        f"{mlflow_server}/api/2.0/mlflow/runs/get?run_id={run_id}", headers={"Content-Type": "application/json"}
+        f"{mlflow_server}/api/2.0/mlflow/runs/get?run_id={run_id}",
+        headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=10) as r:
         run = json.load(r)["run"]
