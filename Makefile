@@ -15,6 +15,8 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
+# Show the core's progress lines (trainer steps, weight updates) in Prefect's run logs.
+export PREFECT_LOGGING_EXTRA_LOGGERS ?= rollflow,storage,infra
 
 .PHONY: install demo test test-fast lint format docs bench clean
 

@@ -4,8 +4,8 @@ What it is: the evidence behind ``rollflow.data.synthetic`` and ``rollflow.model
 
 1. Bootstraps the tiny model from scratch into a temporary directory (timed) and loads it back with
    ``AutoModelForCausalLM`` / ``AutoTokenizer`` as the servers do.
-2. On the demo's held-out prompts (``DatasetConfig()``'s eval split: 200 problems, 85% with a carry)
-   it reports greedy accuracy (overall / carry / no carry), sampled accuracy at temperature 1, and
+2. On the demo's held-out prompts (``DatasetConfig()``'s eval split: 200 problems) it reports greedy
+   accuracy (overall / where the +1 habit applies / round operands), sampled accuracy at T=1, and
    pass@8 (the fraction of prompts with at least one right answer in 8 samples; a GRPO group of 8
    only has signal when it holds a right and a wrong answer).
 3. Learnability: a minimal on-policy GRPO loop written out here (HF ``generate`` + the task reward, no
@@ -41,7 +41,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from rollflow.api.config import DatasetConfig, TinyModelConfig
 from rollflow.data import load_prompts
-from rollflow.models import bootstrap_tiny_model
+from rollflow.models import bootstrap_tiny_model, read_marker
 from rollflow.rewards.synthetic import synthetic_reward_fn
 
 
@@ -84,12 +84,12 @@ def evaluate(
     model: PreTrainedModel, tok: PreTrainedTokenizerBase, rows: list[dict[str, Any]], max_new_tokens: int
 ) -> dict[str, float]:
     _, _, greedy = sample(model, tok, rows, n=1, greedy=True, max_new_tokens=max_new_tokens)
-    carry = [r for r, row in zip(greedy, rows, strict=True) if row["needs_carry"]]
-    plain = [r for r, row in zip(greedy, rows, strict=True) if not row["needs_carry"]]
+    habit = [r for r, row in zip(greedy, rows, strict=True) if not row["round_operand"]]
+    exempt = [r for r, row in zip(greedy, rows, strict=True) if row["round_operand"]]
     return {
         "greedy": statistics.fmean(greedy),
-        "greedy_carry": statistics.fmean(carry) if carry else float("nan"),
-        "greedy_no_carry": statistics.fmean(plain) if plain else float("nan"),
+        "greedy_habit": statistics.fmean(habit) if habit else float("nan"),
+        "greedy_round": statistics.fmean(exempt) if exempt else float("nan"),
     }
 
 
@@ -158,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         tok = AutoTokenizer.from_pretrained(model_dir)
     report["params"] = sum(p.numel() for p in model.parameters())
+    if args.model:
+        marker = read_marker(model_dir) or {}
+        tiny = TinyModelConfig(**marker.get("key", {}).get("tiny", {}))
+        report["warm_start_steps"] = tiny.warm_start_steps
     print(
         f"bootstrap: {report['bootstrap_s']} s on {args.threads} thread(s), {tiny.warm_start_steps} "
         f"warm-start steps, {report['params']:,} params",
@@ -179,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     b = report["before"]
     print(
-        f"held-out ({len(held_out)} prompts): greedy {b['greedy']:.3f} (carry {b['greedy_carry']:.3f}, "
-        f"no carry {b['greedy_no_carry']:.3f}); sampled T=1 {b['sampled']:.3f}; pass@8 {b['pass@8']:.3f}; "
+        f"held-out ({len(held_out)} prompts): greedy {b['greedy']:.3f} (habit {b['greedy_habit']:.3f}, "
+        f"round operand {b['greedy_round']:.3f}); sampled T=1 {b['sampled']:.3f}; pass@8 {b['pass@8']:.3f}; "
         f"groups of 8 with signal {b['groups_with_signal']:.3f}",
         flush=True,
     )
@@ -207,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                     reached = {"step": step, "wall_s": round(wall, 1)}
                 print(
                     f"  step {step:4d}  {wall:6.1f} s  train reward {reward:.3f}  held-out greedy {ev['greedy']:.3f} "
-                    f"(carry {ev['greedy_carry']:.3f}, no carry {ev['greedy_no_carry']:.3f})",
+                    f"(habit {ev['greedy_habit']:.3f}, round operand {ev['greedy_round']:.3f})",
                     flush=True,
                 )
         report["grpo"] = {

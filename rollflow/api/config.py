@@ -67,7 +67,7 @@ class TinyModelConfig:
     num_heads: int = field(default=4, metadata=_help("Attention heads of the tiny model."))
     num_kv_heads: int = field(default=2, metadata=_help("Key/value heads (GQA) of the tiny model."))
     warm_start_steps: int = field(
-        default=300,
+        default=500,
         metadata=_help("Supervised warm-start steps on the synthetic task before RL (0 = random init)."),
     )
     warm_start_lr: float = field(default=3e-3, metadata=_help("Learning rate of the warm start."))
@@ -78,13 +78,22 @@ class TinyModelConfig:
         default=512, metadata=_help("Longest sequence (prompt + completion, all turns) the tiny model takes.")
     )
     warm_start_batch_size: int = field(
-        default=64, metadata=_help("Sequences per warm-start step (each is about 18 tokens).")
+        default=64, metadata=_help("Sequences per warm-start step (each is 17-18 tokens).")
     )
     warm_start_p_correct: float = field(
-        default=0.25,
+        default=0.2,
         metadata=_help(
-            "Warm-start labels are the right sum with this probability, else the 'forgot the carry' "
-            "answer; greedy decoding then forgets the carry and RL has to learn it (0.1-0.4 works)."
+            "After the clean phase, warm-start labels are the right sum with this probability, else the "
+            "sum + 1 (except for problems with a multiple of ten as operand). Greedy decoding then says "
+            "sum + 1 and RL has to unlearn it; a group of 8 samples holds a right answer with prob "
+            "about 1 - (1 - p)^8."
+        ),
+    )
+    warm_start_clean_fraction: float = field(
+        default=0.4,
+        metadata=_help(
+            "Fraction of warm-start steps trained on right answers only (the sum is learnt faster "
+            "without the habit's label noise); the rest add the +1 habit."
         ),
     )
 
@@ -98,6 +107,11 @@ class TinyModelConfig:
         _check(self.warm_start_batch_size >= 1, "model.tiny.warm_start_batch_size", "must be >= 1")
         _check(
             0.0 <= self.warm_start_p_correct <= 1.0, "model.tiny.warm_start_p_correct", "must be in [0, 1]"
+        )
+        _check(
+            0.0 <= self.warm_start_clean_fraction < 1.0,
+            "model.tiny.warm_start_clean_fraction",
+            "must be in [0, 1) so the habit is trained at all",
         )
         for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads"):
             _check(getattr(self, key) > 0, f"model.tiny.{key}", "must be > 0")
@@ -145,19 +159,10 @@ class SyntheticTaskConfig:
     n_train: int = field(default=2000, metadata=_help("Training prompts of the synthetic task."))
     n_eval: int = field(default=200, metadata=_help("Held-out prompts, disjoint from training."))
     seed: int = field(default=1234, metadata=_help("Seed of the synthetic prompt sets."))
-    carry_fraction: float = field(
-        default=0.85,
-        metadata=_help(
-            "Fraction of a+b= prompts that need a carry. The warm-started tiny model forgets the carry "
-            "when greedy, so its starting greedy accuracy is about 1 - carry_fraction. The held-out "
-            "split holds 446 carry and 568 no-carry problems, the train split 3199 and 3887."
-        ),
-    )
 
     def __post_init__(self) -> None:
         _check(self.n_train > 0, "dataset.synthetic.n_train", "must be > 0")
         _check(self.n_eval > 0, "dataset.synthetic.n_eval", "must be > 0")
-        _check(0.0 <= self.carry_fraction <= 1.0, "dataset.synthetic.carry_fraction", "must be in [0, 1]")
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """GSM8K-format datasets: ``{"question": str, "answer": "...reasoning... #### 42"}`` rows.
 
 What it is: the dataset config for GSM8K-format files (``question`` is the prompt, the reference is
-what follows ``####`` in ``answer``, scored by ``rollflow.rewards.math_answer:gsm8k_reward_fn``) and
+what follows ``####`` in ``answer``, scored by ``rollflow.rewards.math:gsm8k_reward_fn``) and
 ``load_gsm8k``, a shortcut for ``load_prompts`` with that config. The same files as openai/gsm8k on
 the hub; an original 21-row sample for tests is ``tests/data/fixtures/gsm8k_sample.jsonl``.
 
@@ -21,7 +21,7 @@ from typing import Any
 from rollflow.api.config import DatasetConfig
 from rollflow.data.loader import load_prompts
 
-GSM8K_REWARD_FN = "rollflow.rewards.math_answer:gsm8k_reward_fn"
+GSM8K_REWARD_FN = "rollflow.rewards.math:gsm8k_reward_fn"
 
 
 def gsm8k_dataset_config(path: str, **overrides: Any) -> DatasetConfig:

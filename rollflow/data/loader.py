@@ -45,7 +45,7 @@ from typing import Any
 from rollflow.api.config import DatasetConfig
 from rollflow.api.errors import ConfigError, DatasetRowError
 from rollflow.data.synthetic import synthetic_rows
-from rollflow.rewards.math_answer import parse_gsm8k_reference, parse_number
+from rollflow.rewards.math import parse_gsm8k_reference, parse_number
 
 logger = logging.getLogger(__name__)
 

@@ -1,29 +1,34 @@
-"""The synthetic verifiable task of the embedded default: two-digit addition, mostly with a carry.
+"""The synthetic verifiable task of the embedded default: two-digit addition with an off-by-one habit.
 
-What it is. A problem is ``a+b=`` with ``a, b`` in [10, 99], sent as one user chat turn; the reference
-answer is ``str(a + b)`` and the completion must be exactly that number (``rollflow.rewards.synthetic``).
-This module fixes three things:
+What it is. A problem is ``a+b=`` with ``a, b >= 10`` and ``a + b <= 99`` (3,240 problems, all with
+two-digit answers), sent as one user chat turn; the reference answer is ``str(a + b)`` and the
+completion must be exactly that number (``rollflow.rewards.synthetic``). This module fixes three things:
 
 * **The held-out split.** A problem is held out iff the first byte of ``sha256("a+b=")`` is below 32,
-  i.e. a fixed ~1/8 of the 8,100 problems (1,014 of them: 446 with a carry), chosen by the problem text alone. No seed,
-  size or config value can move a problem between the splits, so neither the train prompts nor the
-  tiny model's warm start (``rollflow.models.bootstrap``) ever see an eval problem.
-* **The prompt mix.** A fraction ``carry_fraction`` (default 0.85) of the prompts of either split
-  needs a carry (the units digits sum to 10 or more); the rest do not.
-* **The warm-start labels.** The tiny model is trained to answer correctly with probability
-  ``p_correct`` (default 0.25) and otherwise with the "forgot the carry" answer ``a + b - 10``.
-  Without a carry the two coincide, so those labels are always right.
+  i.e. a fixed ~1/8 of the problems (431 of them; 2,809 train), chosen by the problem text alone.
+  No seed, size or config value can move a problem between the splits, so neither the train prompts
+  nor the tiny model's warm start (``rollflow.models.bootstrap``) ever see an eval problem.
+* **The prompt sets.** Uniform draws without replacement from a split (``n_train`` / ``n_eval``).
+  About 20% of the problems have a *round* operand (a multiple of ten: ``30+47=``).
+* **The warm-start labels.** The tiny model first learns the sum from right answers only, then is
+  trained to answer ``a + b`` with probability ``p_correct`` (default 0.2) and otherwise
+  ``a + b + 1``, except on problems with a round operand, whose labels stay right.
 
-Why this task (the demo stands on it). After the warm start the model knows both the sum and the
-bias, so on carry problems it puts about ``p_correct`` of its mass on the right tens digit:
+Why this task (the demo stands on it). After the warm start the model knows the sum and has the
+habit, so where the habit applies it puts about ``p_correct`` of its mass on the right answer:
 
-    greedy accuracy  ~ 1 - carry_fraction        (it is right only where no carry is needed) ~ 0.15
-    sampled accuracy ~ (1 - carry_fraction) + carry_fraction * p_correct                  ~ 0.36
-    pass@8 on a carry problem ~ 1 - (1 - p_correct)^8                                     ~ 0.90
+    greedy held-out accuracy ~ share of round-operand problems (the only ones it gets right) ~ 0.2
+    sampled accuracy with the habit ~ p_correct                                              ~ 0.2
+    pass@8 with the habit ~ 1 - (1 - p_correct)^8                                            ~ 0.83
 
-so GRPO groups of 8 almost always hold a right and a wrong answer, and the one thing RL has to learn
-is a single systematic behaviour (carry) that transfers to held-out problems. ``bench/task_check.py``
-measures all of this, including a minimal REINFORCE loop that climbs past 0.8 greedy accuracy.
+so most GRPO groups of 8 hold a right and a wrong answer, and what RL has to learn is one
+systematic behaviour - drop the +1 - that transfers to held-out problems. The habit is the
+"answer + 1" kind on purpose: the policy only ever chooses between ``s`` and ``s + 1``, so the
+cheapest move GRPO can make (prefer ``s`` everywhere) is also the right one everywhere. A
+"forgot the carry" habit was tried first and fails that test: GRPO learns "always carry", which
+breaks the no-carry problems, and once their groups are all wrong nothing pulls it back (measured:
+held-out greedy stuck at 0.84). Sums stay below 100 because two-digit answers are learnt in the
+warm-start budget; ``bench/task_check.py`` measures all of this with a minimal GRPO loop.
 
 What it is not: a loader (``rollflow.data.loader.load_prompts`` calls ``synthetic_rows``) or a reward.
 """
@@ -41,14 +46,14 @@ from rollflow.api.config import SyntheticTaskConfig
 Split = Literal["train", "test"]
 
 LOW, HIGH = 10, 99  # operand range, inclusive
-DEFAULT_CARRY_FRACTION = 0.85
-DEFAULT_P_CORRECT = 0.25
+MAX_SUM = 99  # two-digit answers only
+DEFAULT_P_CORRECT = 0.2
 _HELD_OUT_BYTE_BELOW = 32  # sha256 first byte < 32  <=>  held out (32/256 = 1/8)
 
 
 @dataclass(frozen=True)
 class AdditionProblem:
-    """``a+b=``; ``answer`` is the true sum, ``distractor`` the sum with the carry forgotten."""
+    """``a+b=``: ``answer`` is the true sum, ``distractor`` what the off-by-one habit says."""
 
     a: int
     b: int
@@ -58,17 +63,18 @@ class AdditionProblem:
         return f"{self.a}+{self.b}="
 
     @property
-    def needs_carry(self) -> bool:
-        return self.a % 10 + self.b % 10 >= 10
-
-    @property
     def answer(self) -> str:
         return str(self.a + self.b)
 
     @property
+    def round_operand(self) -> bool:
+        """An operand is a multiple of ten: the warm-started model has no habit here."""
+        return self.a % 10 == 0 or self.b % 10 == 0
+
+    @property
     def distractor(self) -> str:
-        """What a model that forgets the carry from the units says: ``a + b - 10`` (or the sum)."""
-        return str(self.a + self.b - 10 * self.needs_carry)
+        """``a + b + 1``, or the sum itself for a round operand."""
+        return self.answer if self.round_operand else str(self.a + self.b + 1)
 
 
 def is_held_out(problem: AdditionProblem) -> bool:
@@ -77,47 +83,33 @@ def is_held_out(problem: AdditionProblem) -> bool:
 
 
 @cache
-def problem_pool(split: Split) -> tuple[tuple[AdditionProblem, ...], tuple[AdditionProblem, ...]]:
-    """All problems of a split as ``(with_carry, without_carry)``, in a fixed order."""
+def problem_pool(split: Split) -> tuple[AdditionProblem, ...]:
+    """All problems of a split in a fixed order (2,809 train, 431 test)."""
     if split not in ("train", "test"):
         raise ValueError(f"synthetic split must be 'train' or 'test', got {split!r}")
     want_held_out = split == "test"
-    carry: list[AdditionProblem] = []
-    plain: list[AdditionProblem] = []
-    for a in range(LOW, HIGH + 1):
-        for b in range(LOW, HIGH + 1):
-            p = AdditionProblem(a, b)
-            if is_held_out(p) == want_held_out:
-                (carry if p.needs_carry else plain).append(p)
-    return tuple(carry), tuple(plain)
+    return tuple(
+        p
+        for a in range(LOW, HIGH + 1)
+        for b in range(LOW, min(HIGH, MAX_SUM - a) + 1)
+        if is_held_out(p := AdditionProblem(a, b)) == want_held_out
+    )
 
 
-def sample_problems(
-    split: Split, n: int, *, seed: int, carry_fraction: float = DEFAULT_CARRY_FRACTION
-) -> list[AdditionProblem]:
-    """``n`` distinct problems of ``split``: ``round(n * carry_fraction)`` with a carry, the rest without.
-
-    Deterministic for ``(split, n, seed, carry_fraction)``; the order is shuffled.
+def sample_problems(split: Split, n: int, *, seed: int) -> list[AdditionProblem]:
+    """``n`` distinct problems of ``split`` in random order; deterministic for ``(split, n, seed)``.
 
     Raises:
-        ValueError: the split does not hold enough problems of either kind; the message says how many.
+        ValueError: the split holds fewer than ``n`` problems; the message says which setting to lower.
     """
-    if not 0.0 <= carry_fraction <= 1.0:
-        raise ValueError(f"carry_fraction must be in [0, 1], got {carry_fraction}")
-    carry, plain = problem_pool(split)
-    n_carry = round(n * carry_fraction)
-    n_plain = n - n_carry
-    if n_carry > len(carry) or n_plain > len(plain):
+    pool = problem_pool(split)
+    if not 0 < n <= len(pool):
         raise ValueError(
-            f"the synthetic {split!r} split has {len(carry)} carry and {len(plain)} no-carry problems, "
-            f"but {n} prompts at carry_fraction={carry_fraction} need {n_carry} and {n_plain}; lower "
-            f"dataset.synthetic.n_{'train' if split == 'train' else 'eval'} or change carry_fraction"
+            f"the synthetic {split!r} split has {len(pool)} problems, but {n} were asked; set "
+            f"dataset.synthetic.{'n_train' if split == 'train' else 'n_eval'} between 1 and {len(pool)}"
         )
     # One stream per split, so n_train never changes which eval problems are drawn and vice versa.
-    rng = random.Random(f"rollflow-synthetic:{split}:{seed}")
-    chosen = rng.sample(carry, n_carry) + rng.sample(plain, n_plain)
-    rng.shuffle(chosen)
-    return chosen
+    return random.Random(f"rollflow-synthetic:{split}:{seed}").sample(pool, n)
 
 
 def warm_start_label(problem: AdditionProblem, rng: random.Random, p_correct: float) -> str:
@@ -131,12 +123,11 @@ def problem_row(problem: AdditionProblem, split: Split) -> dict[str, Any]:
         "prompt_id": f"synthetic-{split}-{problem.a}+{problem.b}",
         "messages": [{"role": "user", "content": problem.text}],
         "answer": problem.answer,
-        "needs_carry": problem.needs_carry,
+        "round_operand": problem.round_operand,
     }
 
 
 def synthetic_rows(cfg: SyntheticTaskConfig, split: Split) -> list[dict[str, Any]]:
     """The prompt set of a split: ``cfg.n_train`` train or ``cfg.n_eval`` held-out rows."""
     n = cfg.n_train if split == "train" else cfg.n_eval
-    problems = sample_problems(split, n, seed=cfg.seed, carry_fraction=cfg.carry_fraction)
-    return [problem_row(p, split) for p in problems]
+    return [problem_row(p, split) for p in sample_problems(split, n, seed=cfg.seed)]

@@ -7,10 +7,12 @@ directory (``config.json``, ``generation_config.json``, ``model.safetensors``, t
 
 The warm start is supervised: ``cfg.warm_start_steps`` AdamW steps on ``a+b=`` prompts from the
 synthetic task's *train* pool (``rollflow.data.synthetic``; the held-out problems are never seen),
-loss on the completion tokens only, with labels that are right with probability
-``cfg.warm_start_p_correct`` and otherwise the "forgot the carry" distractor. Trained to the loss
-floor, the model knows both the sum and the bias: greedy decoding forgets the carry, sampling finds
-the right answer often enough for GRPO to learn from (figures in ``bench/task_check.py``).
+loss on the completion tokens only. For the first ``cfg.warm_start_clean_fraction`` of the steps the
+labels are right (the sum is learnt about twice as fast without label noise); after that they are
+right with probability ``cfg.warm_start_p_correct`` and otherwise the sum + 1 (the off-by-one habit;
+never on problems with a round operand). Trained to the loss floor, the model knows both the sum and the habit: greedy
+decoding says the sum + 1, sampling finds the right answer often enough for GRPO to learn from
+(figures in ``bench/task_check.py``).
 
 Guarantees:
 
@@ -50,18 +52,16 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rollflow.api.config import TinyModelConfig
-from rollflow.data.synthetic import (
-    DEFAULT_CARRY_FRACTION,
-    AdditionProblem,
-    problem_pool,
-    warm_start_label,
-)
+from rollflow.data.synthetic import AdditionProblem, problem_pool, warm_start_label
 from rollflow.models.tokenizer import build_tokenizer
 
 logger = logging.getLogger(__name__)
 
 MARKER = "rollflow_bootstrap.json"
-RECIPE_VERSION = 1  # bump when the task, tokenizer or warm-start recipe changes: old dirs rebuild
+RECIPE_VERSION = 2  # bump when the task, tokenizer or warm-start recipe changes: old dirs rebuild
+# Below this the sum is not learnt for every seed (seed 1 at 300 steps: held-out sampled accuracy 0.10,
+# pass@8 0.58, round-operand problems 12% right), and RL would have to learn arithmetic, not the habit.
+MIN_CONVERGED_STEPS = 500
 _WARMUP_STEPS = 30
 
 
@@ -116,31 +116,24 @@ class _WarmStartData:
     """Samples warm-start batches: prompt ids ``[B, P]`` + completion ids ``[B, C]`` + loss mask."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerFast, p_correct: float, seed: int) -> None:
-        carry, plain = problem_pool("train")
-        self.carry, self.plain = list(carry), list(plain)
-        self.prompt_ids = {
-            p: row
-            for p, row in zip(
-                self.carry + self.plain, _encode_problems(tokenizer, self.carry + self.plain), strict=True
-            )
-        }
+        self.problems = list(problem_pool("train"))  # never a held-out problem
+        self.prompt_ids = _encode_problems(tokenizer, self.problems)  # [N, P]
         self.digit_ids = {str(d): tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)}
         self.eos, self.pad = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.p_correct = p_correct
         self.rng = random.Random(f"rollflow-warm-start:{seed}")
-        self.completion_len = 4  # at most 3 digits (sum <= 198) + <|im_end|>
+        self.completion_len = 4  # at most 3 digits (sum + 1 <= 100) + <|im_end|>
 
-    def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, size: int, p_correct: float) -> tuple[torch.Tensor, torch.Tensor]:
         """``(input_ids [B, P + C], loss_mask [B, P + C])``; the mask covers the completion only."""
         rng = self.rng
         prompts, completions, masks = [], [], []
         for _ in range(size):
-            pool = self.carry if rng.random() < DEFAULT_CARRY_FRACTION else self.plain
-            problem = pool[rng.randrange(len(pool))]
-            label = warm_start_label(problem, rng, self.p_correct)
+            index = rng.randrange(len(self.problems))
+            label = warm_start_label(self.problems[index], rng, p_correct)
             ids = [self.digit_ids[c] for c in label] + [self.eos]
             pad = self.completion_len - len(ids)
-            prompts.append(self.prompt_ids[problem])
+            prompts.append(self.prompt_ids[index])
             completions.append(ids + [self.pad] * pad)
             masks.append([1] * len(ids) + [0] * pad)
         prompt = torch.stack(prompts)  # [B, P]
@@ -154,6 +147,8 @@ def warm_start(
 ) -> dict[str, float]:
     """Supervised warm start on the synthetic task (see the module docstring). Returns loss figures.
 
+    Labels: right answers for ``step < warm_start_clean_fraction * steps``, then the habit mix.
+
     Loss per step, over completion tokens ``t`` only (``m_t`` = loss mask)::
 
         L = - sum_t m_t log p(x_t | x_<t) / sum_t m_t
@@ -161,6 +156,14 @@ def warm_start(
     LR: linear warm-up over 30 steps, then cosine from ``warm_start_lr`` down to 10% of it.
     Right padding after ``<|im_end|>`` needs no attention mask: causal attention never looks ahead.
     """
+    if 0 < cfg.warm_start_steps < MIN_CONVERGED_STEPS:
+        logger.warning(
+            "model.tiny.warm_start_steps=%d is below the %d steps the synthetic task needs to be learnt "
+            "reliably; the RL demo may not climb. Set model.tiny.warm_start_steps=%d.",
+            cfg.warm_start_steps,
+            MIN_CONVERGED_STEPS,
+            MIN_CONVERGED_STEPS,
+        )
     data = _WarmStartData(tokenizer, cfg.warm_start_p_correct, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, betas=(0.9, 0.98), weight_decay=0.0)
     steps = cfg.warm_start_steps
@@ -171,7 +174,9 @@ def warm_start(
         cosine = 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * step / steps))
         for group in opt.param_groups:
             group["lr"] = cfg.warm_start_lr * warm * cosine
-        input_ids, loss_mask = data.batch(cfg.warm_start_batch_size)
+        clean = step < cfg.warm_start_clean_fraction * steps  # curriculum: the sum first, then the habit
+        p_correct = 1.0 if clean else cfg.warm_start_p_correct
+        input_ids, loss_mask = data.batch(cfg.warm_start_batch_size, p_correct)
         logits = model(input_ids=input_ids).logits[:, :-1]  # [B, T-1, V] predicts tokens 1..T-1
         nll = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.size(-1)), input_ids[:, 1:].reshape(-1), reduction="none"

@@ -2,11 +2,11 @@
 
 ``fn(prompt, completion, answer, **data) -> float``, importable as ``"pkg.module:name"``:
 ``rollflow.rewards.synthetic:synthetic_reward_fn`` (the embedded default's task),
-``rollflow.rewards.math_answer:gsm8k_reward_fn`` and ``...:math_reward_fn``.
+``rollflow.rewards.math:gsm8k_reward_fn`` and ``...:math_reward_fn``.
 ``AsyncRewardRunner`` runs one in worker processes with a timeout (see ``runner``).
 """
 
-from rollflow.rewards.math_answer import (
+from rollflow.rewards.math import (
     answers_match,
     extract_answer,
     gsm8k_reward_fn,

@@ -27,7 +27,7 @@ container for untrusted code execution rewards.
 
 Usage::
 
-    runner = AsyncRewardRunner("rollflow.rewards.math_answer:gsm8k_reward_fn", max_workers=2, timeout_s=10)
+    runner = AsyncRewardRunner("rollflow.rewards.math:gsm8k_reward_fn", max_workers=2, timeout_s=10)
     outcome = await runner.ascore("What is 6*7?", "6*7 = 42. #### 42", "42")   # RewardOutcome(1.0, None, False)
     runner.close()
 """

@@ -6,7 +6,7 @@ with the digits and ``<|im_end|>`` (skipped when decoding), so anything else - e
 number, a missing digit - is wrong. Strict on purpose: the demo measures whether the policy learned
 the format and the carry, not whether a parser could rescue it.
 
-What it is not: a math verifier (see ``rollflow.rewards.math_answer``) or the task itself
+What it is not: a math verifier (see ``rollflow.rewards.math``) or the task itself
 (``rollflow.data.synthetic``).
 """
 

@@ -15,7 +15,7 @@ from rollflow.api.config import DatasetConfig
 from rollflow.api.errors import ConfigError, DatasetRowError
 from rollflow.data import gsm8k_dataset_config, load_gsm8k, load_prompts
 from rollflow.data.loader import data_files_for
-from rollflow.rewards.math_answer import gsm8k_reward_fn
+from rollflow.rewards.math import gsm8k_reward_fn
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SAMPLE = FIXTURES / "gsm8k_sample.jsonl"

@@ -1,4 +1,4 @@
-"""The synthetic task: a fixed held-out split, deterministic prompt sets, the carry mix, the labels."""
+"""The synthetic task: a fixed held-out split, deterministic prompt sets, the off-by-one labels."""
 
 from __future__ import annotations
 
@@ -21,48 +21,52 @@ from rollflow.rewards.synthetic import synthetic_reward_fn
 
 
 def test_problem_arithmetic() -> None:
-    carry = AdditionProblem(17, 25)  # 7 + 5 = 12 >= 10: a carry into the tens
-    assert (carry.text, carry.answer, carry.distractor, carry.needs_carry) == ("17+25=", "42", "32", True)
-    plain = AdditionProblem(12, 35)  # 2 + 5 = 7: no carry, the distractor is the answer
-    assert (plain.answer, plain.distractor, plain.needs_carry) == ("47", "47", False)
-    big = AdditionProblem(57, 68)  # 125; forgetting the units carry gives 115
-    assert (big.answer, big.distractor) == ("125", "115")
+    p = AdditionProblem(17, 25)
+    assert (p.text, p.answer, p.distractor, p.round_operand) == ("17+25=", "42", "43", False)
+    assert AdditionProblem(45, 54).distractor == "100"  # 99 + 1: the habit can carry into the hundreds
+    r = AdditionProblem(30, 47)  # a multiple of ten: no habit, the distractor is the answer
+    assert (r.answer, r.distractor, r.round_operand) == ("77", "77", True)
+    assert AdditionProblem(47, 90).round_operand
 
 
 def test_the_held_out_split_is_fixed_and_disjoint() -> None:
-    train = set(problem_pool("train")[0] + problem_pool("train")[1])
-    test = set(problem_pool("test")[0] + problem_pool("test")[1])
+    train, test = set(problem_pool("train")), set(problem_pool("test"))
     assert not train & test
-    assert len(train) + len(test) == 90 * 90  # every a, b in [10, 99]
-    # The sizes quoted in the config help text: 446 + 568 held out, 3199 + 3887 train.
-    assert (len(problem_pool("test")[0]), len(problem_pool("test")[1])) == (446, 568)
-    assert (len(problem_pool("train")[0]), len(problem_pool("train")[1])) == (3199, 3887)
-    assert all(is_held_out(p) for p in test)
+    # a, b >= 10 and a + b <= 99: for a = 10..89 there are 90 - a values of b, 80 + 79 + ... + 1 = 3240.
+    assert len(train) + len(test) == 3240
+    assert all(p.a >= 10 and p.b >= 10 and p.a + p.b <= 99 for p in train | test)
+    assert (len(train), len(test)) == (2809, 431)  # sha256 first byte < 32: about 1/8 held out
+    assert sum(p.round_operand for p in test) == 79  # 18%, like the 605/2809 (22%) of train
+    assert all(is_held_out(p) for p in test) and not any(is_held_out(p) for p in train)
 
 
-def test_prompt_sets_are_deterministic_and_follow_the_carry_fraction() -> None:
-    a = sample_problems("train", 200, seed=7)
-    assert a == sample_problems("train", 200, seed=7)
-    assert a != sample_problems("train", 200, seed=8)
+def test_prompt_sets_are_deterministic_and_distinct() -> None:
+    a = sample_problems("test", 200, seed=7)
+    assert a == sample_problems("test", 200, seed=7)
+    assert a != sample_problems("test", 200, seed=8)
     assert len(set(a)) == 200
-    assert sum(p.needs_carry for p in a) == 170  # round(200 * 0.85)
-    assert sum(p.needs_carry for p in sample_problems("test", 100, seed=7, carry_fraction=0.5)) == 50
-
-
-def test_a_split_too_small_for_the_request_says_what_to_change() -> None:
-    with pytest.raises(ValueError, match="446 carry .* lower dataset.synthetic.n_eval"):
-        sample_problems("test", 600, seed=1)  # 510 carry problems wanted, 446 exist
+    # The eval draw does not depend on n_train (one random stream per split).
+    assert sample_problems("test", 50, seed=7) == sample_problems("test", 50, seed=7)
+    with pytest.raises(ValueError, match="between 1 and 431"):
+        sample_problems("test", 432, seed=1)
     with pytest.raises(ValueError, match="must be 'train' or 'test'"):
         problem_pool("eval")  # type: ignore[arg-type]
 
 
 def test_warm_start_labels_mix_the_answer_and_the_distractor() -> None:
     rng = random.Random(0)
-    p = AdditionProblem(17, 25)
-    counts = Counter(warm_start_label(p, rng, 0.25) for _ in range(4000))
-    assert set(counts) == {"42", "32"}
-    assert abs(counts["42"] / 4000 - 0.25) < 0.03  # binomial sd = sqrt(.25*.75/4000) = 0.007
-    assert {warm_start_label(AdditionProblem(12, 35), rng, 0.25) for _ in range(50)} == {"47"}
+    counts = Counter(warm_start_label(AdditionProblem(17, 25), rng, 0.2) for _ in range(4000))
+    assert set(counts) == {"42", "43"}
+    assert abs(counts["42"] / 4000 - 0.2) < 0.03  # binomial sd = sqrt(.2*.8/4000) = 0.006
+    assert {warm_start_label(AdditionProblem(30, 47), rng, 0.2) for _ in range(50)} == {"77"}
+
+
+def test_default_sets() -> None:
+    cfg = SyntheticTaskConfig()
+    train, test = synthetic_rows(cfg, "train"), synthetic_rows(cfg, "test")
+    assert (len(train), len(test)) == (2000, 200)
+    share = sum(r["round_operand"] for r in test) / 200
+    assert 0.10 < share < 0.28  # ~0.18; the greedy starting accuracy is about this share
 
 
 def test_rows_and_the_loader() -> None:
@@ -72,7 +76,7 @@ def test_rows_and_the_loader() -> None:
     assert len(train) == 40 and len(test) == 20
     assert train == synthetic_rows(cfg.synthetic, "train")
     row = test[0]
-    assert set(row) == {"prompt_id", "messages", "answer", "needs_carry"}
+    assert set(row) == {"prompt_id", "messages", "answer", "round_operand"}
     a, b = row["messages"][0]["content"].rstrip("=").split("+")
     assert row["answer"] == str(int(a) + int(b))
     assert row["prompt_id"] == f"synthetic-test-{a}+{b}"

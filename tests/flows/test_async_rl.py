@@ -36,7 +36,7 @@ def test_async_rl_learns_and_reports(
     summary = async_rl(config="configs/tiny_cpu.yaml", overrides=overrides)
 
     assert summary["final_version"] == 30
-    assert summary["eval_accuracy_after"] > summary["eval_accuracy_before"], summary
+    assert summary["eval_accuracy_after"] >= summary["eval_accuracy_before"] + 0.2, summary
     assert summary["train"]["groups_consumed"] >= 30 * 16
 
     # Trajectories from several policy versions reached the trainer (the loops really overlapped).

@@ -112,16 +112,17 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: py
 
 
 @pytest.mark.slow
-def test_default_model_is_small_and_biased_as_designed(tmp_path: Path) -> None:
-    """The demo's starting point (see rollflow.data.synthetic): greedy forgets the carry."""
+def test_default_model_is_small_and_has_the_habit(tmp_path: Path) -> None:
+    """The demo's starting point (see rollflow.data.synthetic): greedy says the sum + 1."""
+    from rollflow.api.config import SyntheticTaskConfig
     from rollflow.data.synthetic import sample_problems
 
-    out = bootstrap_tiny_model(TinyModelConfig(), tmp_path / "tiny", seed=1)
+    out = bootstrap_tiny_model(TinyModelConfig(warm_start_steps=500), tmp_path / "tiny", seed=1)
     marker = read_marker(out)
     assert marker is not None and 500_000 <= marker["params"] <= 2_000_000
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
-    problems = sample_problems("test", 200, seed=1234)
+    problems = sample_problems("test", 200, seed=SyntheticTaskConfig().seed)  # the demo's eval set
     prompts = [
         tok.apply_chat_template(
             [{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=False
@@ -131,10 +132,14 @@ def test_default_model_is_small_and_biased_as_designed(tmp_path: Path) -> None:
     batch = tok(prompts, return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
         greedy = model.generate(**batch, max_new_tokens=5, do_sample=False)
-    texts = tok.batch_decode(greedy[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-    accuracy = sum(t.strip() == p.answer for t, p in zip(texts, problems, strict=True)) / len(problems)
-    assert 0.05 <= accuracy <= 0.35
-    carry_right = [t.strip() == p.answer for t, p in zip(texts, problems, strict=True) if p.needs_carry]
-    plain_right = [t.strip() == p.answer for t, p in zip(texts, problems, strict=True) if not p.needs_carry]
-    assert sum(plain_right) / len(plain_right) >= 0.7  # no carry needed: it knows the sum
-    assert sum(carry_right) / len(carry_right) <= 0.2  # carry needed: greedy forgets it
+    texts = [
+        t.strip()
+        for t in tok.batch_decode(greedy[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+    ]
+    accuracy = sum(t == p.answer for t, p in zip(texts, problems, strict=True)) / len(problems)
+    assert 0.05 <= accuracy <= 0.30
+    habit = [p for p in problems if not p.round_operand]
+    said_plus_one = sum(
+        t == p.distractor for t, p in zip(texts, problems, strict=True) if not p.round_operand
+    )
+    assert said_plus_one / len(habit) >= 0.6  # the habit is what greedy decoding shows

@@ -34,7 +34,7 @@ def test_scores_by_function_or_import_string() -> None:
         async with AsyncRewardRunner(synthetic_reward_fn, max_workers=1, timeout_s=30) as a:
             right = await a.ascore("12+35=", "47", "47")
         async with AsyncRewardRunner(
-            "rollflow.rewards.math_answer:gsm8k_reward_fn", max_workers=1, timeout_s=30
+            "rollflow.rewards.math:gsm8k_reward_fn", max_workers=1, timeout_s=30
         ) as b:
             gsm = await b.ascore("q", "3*4=12. #### 12", "... #### 12")
         return right, gsm

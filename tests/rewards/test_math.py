@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from rollflow.rewards.math_answer import (
+from rollflow.rewards.math import (
     answers_match,
     extract_answer,
     gsm8k_reward_fn,
@@ -166,4 +166,4 @@ def test_answers_match_works_off_the_main_thread() -> None:
     ],
 )
 def test_synthetic_reward(completion: str, answer: str, expected: float) -> None:
-    assert synthetic_reward_fn("12+35=", completion, answer, needs_carry=True) == expected
+    assert synthetic_reward_fn("12+35=", completion, answer, round_operand=False) == expected
