@@ -118,7 +118,7 @@ def _run_distributed(cfg: ExperimentConfig, config: str | None, overrides: list[
     failed = {r: s.name for r, s in states.items() if not s.is_completed()}
     if failed:
         raise RuntimeError(f"distributed run failed: {failed}; see the child flow runs in the Prefect UI")
-    return {role: state.result() for role, state in states.items()}
+    return {role: {"flow_run_id": str(runs[role].id), "state": states[role].name} for role in runs}
 
 
 @flow(
