@@ -31,7 +31,8 @@ $(STAMP):
 install: $(STAMP)
 
 demo: install  ## bootstrap the tiny model and run async GRPO on the embedded default
-	$(PY) -m flows.async_rl --config configs/tiny_cpu.yaml $(ARGS)
+	# a fresh trial per demo (re-running a trial resumes it); pass ARGS="trial=NAME ..." to choose
+	$(PY) -m flows.async_rl --config configs/tiny_cpu.yaml trial=demo-$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 test: install  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
 	$(VENV)/bin/pytest -q -ra $(PYTEST_ARGS)
