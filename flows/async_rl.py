@@ -250,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"MLflow:  {summary['mlflow_run_url']}")
     print("  UI:    .venv/bin/mlflow ui --backend-store-uri sqlite:///runs/mlflow/mlflow.db --port 5000")
     print("Prefect: .venv/bin/prefect server start  (then open http://127.0.0.1:4200 to browse flow runs)")
-    print("Trajectories: .venv/bin/python -m rollflow.rollout.inspect --config configs/tiny_cpu.yaml")
+    print(
+        f"Trajectories: .venv/bin/python -m rollflow.rollout.inspect --config {args.config} trial={summary['trial']}"
+    )
     return 0
 
 
