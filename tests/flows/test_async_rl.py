@@ -62,3 +62,14 @@ def test_async_rl_learns_and_reports(
     with get_client(sync_client=True) as pc:
         keys = {a.key for a in pc.read_artifacts()}
     assert {"train-progress", "async-rl-summary", "eval-after", "sample-trajectories"} <= keys, keys
+
+    # The nightly retrain starts a new trial from the newest registered policy (not the base model).
+    nightly = async_rl(
+        config="configs/tiny_cpu.yaml",
+        overrides=[*overrides[1:], "train.steps=2", "eval.every_n_versions=0"],
+        trial_name="nightly-{date}",
+        retrain_from_registry=True,
+    )
+    assert nightly["trial"].startswith("nightly-") and nightly["final_version"] == 2
+    # it begins where the registered policy ended, far above the base model's accuracy
+    assert nightly["eval_accuracy_before"] >= summary["eval_accuracy_after"] - 0.1, nightly
