@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollflow.api.inference import GenerateRequest, InferenceClient, SamplingParams
+from rollflow.workflows.rlvr import render_chat
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,9 @@ class EvalResult:
 
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Chat-template a conversation into prompt token ids ending with the assistant header."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in some transformers versions
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
+    """Prompt token ids, rendered exactly as ``RLVRWorkflow`` renders rollout prompts."""
+    text = render_chat(tokenizer, messages, add_generation_prompt=True)
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
 
 
 async def aevaluate(

@@ -16,7 +16,6 @@ from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import InferenceError
-from rollflow.api.inference import SamplingParams
 from rollflow.api.metrics import MetricsSink
 from tasks.runtime import run_sync
 from tasks.tracking import PrefixSink, table_artifact
@@ -54,19 +53,16 @@ def run_eval(cfg: ExperimentConfig, addresses: list[str]) -> Any:
     from rollflow.data import load_prompts
     from rollflow.evaluation import aevaluate
     from rollflow.rollout.client import SGLangClient
+    from rollflow.rollout.loop import sampling_params
 
     prompts = load_prompts(cfg.dataset, cfg.eval.split or cfg.dataset.eval_split)
     if cfg.eval.n_prompts:
         prompts = prompts[: cfg.eval.n_prompts]
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    gen = cfg.rollout.generation
-    sampling = SamplingParams(
-        max_new_tokens=cfg.eval.max_new_tokens or gen.max_new_tokens,
-        temperature=0.0 if cfg.eval.greedy else gen.temperature,
-        top_p=1.0 if cfg.eval.greedy else gen.top_p,
-        top_k=-1 if cfg.eval.greedy else gen.top_k,
-        stop_token_ids=list(gen.stop_token_ids),
-    )
+    sampling = sampling_params(cfg)  # the rollout's parameters, greedy unless eval.greedy is off
+    sampling.max_new_tokens = cfg.eval.max_new_tokens or sampling.max_new_tokens
+    if cfg.eval.greedy:
+        sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p = 0.0, 1.0, -1, 0.0
     reward_fn = import_string(cfg.dataset.reward_fn)
 
     async def go() -> Any:
