@@ -69,6 +69,9 @@ class ExecutorStats:
     failed: int = 0
     cancelled: int = 0
     tokens: int = 0  # generated (loss_mask == 1) tokens of every finished group, accepted or not
+    completions: int = 0  # sequences of every finished group, accepted or not (the generation cost)
+    busy_s: float = 0.0  # wall time with at least one episode running (closed spans)
+    busy_since: float | None = None  # start of the open span, None while idle
     reward_sum: float = 0.0  # over rows of accepted groups
     rows: int = 0  # rows of accepted groups
     staleness_sum: int = 0  # sum over accepted groups of (version at acceptance - head_version)
@@ -95,6 +98,10 @@ class ExecutorStats:
             "groups_rejected": float(self.n_rejected),
             "episodes_failed": float(self.failed),
             "tokens_per_s": self.tokens / elapsed,
+            "completions_generated": float(self.completions),
+            "completions_per_s": self.completions / elapsed,
+            "busy_s": self.busy_s
+            + (time.monotonic() - self.busy_since if self.busy_since is not None else 0.0),
             "reward_mean": self.reward_sum / self.rows if self.rows else 0.0,
             "staleness_mean": self.staleness_sum / self.accepted if self.accepted else 0.0,
             "staleness_max": float(self.staleness_max),
@@ -443,7 +450,10 @@ class WorkflowExecutor:
                 break
             key, data, fut = item
             task = asyncio.create_task(self.workflow.arun_episode(self.client, data))
-            self._tasks[task] = _Episode(key=key, started_at=time.monotonic(), future=fut)
+            now = time.monotonic()
+            if not self._tasks:
+                self.stats.busy_since = now
+            self._tasks[task] = _Episode(key=key, started_at=now, future=fut)
             self.stats.started += 1
 
     async def _wait_for_progress(self) -> None:
@@ -463,6 +473,9 @@ class WorkflowExecutor:
 
     def _finish(self, task: asyncio.Task[TrajectoryGroup | None]) -> None:
         ep = self._tasks.pop(task)
+        if not self._tasks and self.stats.busy_since is not None:
+            self.stats.busy_s += time.monotonic() - self.stats.busy_since
+            self.stats.busy_since = None
         try:
             group = task.result()
             if group is not None:
@@ -480,7 +493,9 @@ class WorkflowExecutor:
         except Exception as exc:
             self._on_failure(ep, exc)
             return
-        self.stats.tokens += sum(sum(r.loss_mask) for r in group.rows) if group is not None else 0
+        if group is not None:
+            self.stats.tokens += sum(sum(r.loss_mask) for r in group.rows)
+            self.stats.completions += len(group.rows)
         version = int(self._version_fn())
         reason = self._judge(group, version)
         if reason is not None:

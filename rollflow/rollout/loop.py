@@ -37,6 +37,7 @@ from rollflow.api.inference import InferenceClient, SamplingParams
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.workflow import RolloutWorkflow, import_string, resolve_workflow
 from rollflow.rollout.executor import WorkflowExecutor
+from rollflow.rollout.filters import build_should_accept
 from rollflow.rollout.staleness import StalenessListener, StalenessManager
 from storage import keys
 from storage.checkpoints import CheckpointStore
@@ -300,7 +301,7 @@ async def run_rollout_loop(
         staleness,
         writer=writer,
         version_fn=version_fn,
-        should_accept_fn=cfg.rollout.should_accept_fn,
+        should_accept_fn=build_should_accept(cfg.rollout.dynamic_sampling, cfg.rollout.should_accept_fn),
         max_failure_rate=cfg.rollout.max_failure_rate,
         on_flush=on_flush,
     )

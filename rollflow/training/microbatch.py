@@ -112,3 +112,22 @@ def plan_step(
         mine = packed[rank] + [[] for _ in range(n_micro - len(packed[rank]))]
         plans.append(MinibatchPlan(groups=sorted(mb_groups), micro_batches=mine))
     return plans
+
+
+def keep_groups(plans: Sequence[MinibatchPlan], keep: set[int], *, keep_empty: bool) -> list[MinibatchPlan]:
+    """The same schedule with only the ``keep`` groups left in the micro-batches.
+
+    ``plan.groups`` is unchanged: the loss of a minibatch is still normalised by the tokens of all its
+    groups, so leaving out groups whose loss is identically zero (GRPO advantage 0 and no KL term)
+    changes no gradient, only the work. ``keep_empty`` leaves emptied micro-batches in place (several
+    ranks must run the same number of passes); otherwise they are dropped, and a minibatch with nothing
+    left keeps one empty micro-batch: a zero-gradient dummy pass, so AdamW still takes the step it
+    would have taken on the all-zero gradient.
+    """
+    out: list[MinibatchPlan] = []
+    for plan in plans:
+        mbs = [[g for g in mb if g in keep] for mb in plan.micro_batches]
+        if not keep_empty:
+            mbs = [mb for mb in mbs if mb] or [[]]
+        out.append(MinibatchPlan(groups=plan.groups, micro_batches=mbs))
+    return out

@@ -7,7 +7,12 @@ What it is: ``Trainer(cfg, storage, ...).run()``. One step, with ``version`` = t
    then broadcasts the padded batch to the other ranks as safetensors bytes);
 2. plan: PPO minibatches balanced by tokens, each split across ranks by tokens, each rank's share packed
    into micro-batches of <= train.max_tokens_per_mb tokens by first-fit decreasing (groups never split);
-3. proximal logprobs (decoupled loss), reference logprobs (kl_ctl > 0), advantages, PPO update(s);
+3. advantages, proximal logprobs (decoupled loss), reference logprobs (kl_ctl > 0), PPO update(s).
+   Without a KL term, groups whose advantages are all 0 (every reward equal) are left out of the
+   forward and backward passes: their loss is identically 0, and the loss is still normalised by the
+   tokens of the whole minibatch, so the gradient is unchanged (``microbatch.keep_groups``). Under a
+   sparse reward most groups are such groups, so this is most of a step's compute. The per-token
+   statistics (entropy, clip fraction, ...) are then over the tokens that carry signal;
 4. ``version += 1``; every ``checkpoint_every`` versions (and the last) publish a HF checkpoint, the
    upload overlapping the next step unless rollout.pause_during_training (synchronous baseline);
 5. write ``trainer/consumed/step-{version:08d}.json`` (group ids trained on: the audit trail), a resume
@@ -41,7 +46,7 @@ from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.training import distributed as D
 from rollflow.training.actor import PolicyActor
 from rollflow.training.batching import TrainBatch, build_batch
-from rollflow.training.microbatch import plan_step
+from rollflow.training.microbatch import keep_groups, plan_step
 from rollflow.training.optim import build_optimizer, build_scheduler
 from rollflow.training.publish import CheckpointPublisher, tied_aliases
 from rollflow.training.resume import (
@@ -68,6 +73,13 @@ KEEP_RESUME_POINTS = 2
 def consumed_key(step: int) -> str:
     """``trainer/consumed/step-{step:08d}.json``: the groups that step ``step`` trained on."""
     return f"{CONSUMED_DIR}/step-{step:08d}.json"
+
+
+def signal_groups(batch: TrainBatch) -> set[int]:
+    """Indices of the groups with a non-zero advantage on some row (the rest teach nothing)."""
+    assert batch.advantages is not None
+    active = batch.group_index[batch.advantages != 0].tolist()  # [n_active_rows] -> group ids
+    return set(active)
 
 
 class TrainerHooks(Protocol):
@@ -180,8 +192,17 @@ class Trainer:
         )
         self.store = CheckpointStore(self.storage)
         self.reader = ShardReader(self.storage) if ctx.is_main else None
+        # Local storage: a poll is a directory listing, so poll every 50 ms and a synchronous step waits
+        # for no poll; object stores bill each LIST, so there the interval backs off to 2 s when idle.
+        local = bool(getattr(self.storage, "is_local", False))
         self.collector = (
-            BatchCollector(self.reader, timeout_s=tcfg.data_wait_timeout_s, stop_event=self.stop_event)
+            BatchCollector(
+                self.reader,
+                timeout_s=tcfg.data_wait_timeout_s,
+                stop_event=self.stop_event,
+                poll_interval_s=0.05 if local else 0.2,
+                max_poll_interval_s=0.05 if local else 2.0,
+            )
             if self.reader is not None
             else None
         )
@@ -391,11 +412,14 @@ class Trainer:
             rank=ctx.rank,
             max_tokens_per_mb=tcfg.max_tokens_per_mb,
         )
+        batch.advantages = self.actor.compute_advantages(batch)
+        signal = signal_groups(batch)
+        if self.ref_model is None:  # no KL term: a zero-advantage group has an identically zero loss
+            plans = keep_groups(plans, signal, keep_empty=ctx.world_size > 1)
         if tcfg.use_decoupled_loss:
             batch.prox_logp = self.actor.compute_logp(self.model, batch, plans)
         if self.ref_model is not None:
             batch.ref_logp = self.actor.compute_logp(self.ref_model, batch, plans)
-        batch.advantages = self.actor.compute_advantages(batch)
         stats = self.actor.ppo_update(batch, plans)
         self.version += 1
         compute_s = time.perf_counter() - t0
@@ -425,6 +449,7 @@ class Trainer:
                 "reward_std": float(batch.rewards.std().item()) if batch.n_seqs > 1 else 0.0,
                 "adv_abs_mean": float(batch.advantages.abs().mean().item()),
                 "groups": float(len(batch.groups)),
+                "signal_group_frac": len(signal) / max(1, len(batch.groups)),
                 "seqs": float(batch.n_seqs),
                 "tokens": float(batch.n_tokens),
                 "train_tokens_per_s": batch.n_tokens / max(compute_s, 1e-9),

@@ -1,0 +1,296 @@
+"""Side-by-side: TRL's GRPOTrainer and rollflow on the same model, prompts, reward, eval and geometry.
+
+What it is: the harness behind the README's learning figures. For one task config it
+
+1. builds the starting model once (``rollflow.models.bootstrap``) and fixes the held-out prompts;
+2. for each seed, one system after the other on this machine with the same thread budget: TRL
+   (``bench/peer_trl.py`` in its own venv, ``make trl-venv``; TRL is never a rollflow dependency) and
+   rollflow (``bench/peer_rollflow.py``: the real loops, asynchronous); then, per seed, rollflow's
+   synchronous baseline for ``--sync-seconds``;
+3. scores every weight snapshot of every run with one scorer (``bench.peer_eval``: greedy, held-out),
+   off the training clock - the clock each system reports counts training seconds only;
+4. prints ``key value`` lines, writes ``peer_<task>.json`` (every curve and step timing) and
+   ``peer_<task>.png`` (accuracy against training seconds, both systems, every seed).
+
+Both systems get: the same prompts in the same order (rollflow's per-seed permutation), 16 prompts x 8
+samples per step, T = 1, ``max_new_tokens`` and lr of the config, AdamW, grad clip 1.0, no KL.
+Printed keys: ``trl_completions_per_s``, ``rollflow_completions_per_s``, ``completions_per_s_ratio``,
+``trl_acc_at_{S}s``, ``rollflow_acc_at_{S}s`` (medians over seeds; S = ``--seconds``, 600 by default),
+``time_to_trl_final_ratio`` (median seconds rollflow needs to reach TRL's median final accuracy, / S),
+``rollflow_time_to_0.8`` (median, or ``none``), ``async_vs_sync_step_ratio`` (sync s/step / async
+s/step) and ``sync_step_vs_gen_plus_train`` (the synchronous step against its generation + training).
+
+Run it::
+
+    make bench-peer                                   # configs/tiny_hard.yaml, 3 seeds x 600 s each
+    python -m bench.peer --config configs/tiny_hard2.yaml --seeds 1 2 3 --seconds 600
+
+What it is not: a test (the suite runs a few-second variant and checks only that both systems ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.peer_eval import SnapshotScorer, median, spread, time_to, value_at
+
+ROOT = Path(__file__).resolve().parent.parent
+TRL_PY = ROOT / ".venv-trl" / "bin" / "python"
+
+
+def _run(cmd: list[str], log: Path, threads: int) -> None:
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    with log.open("w") as fh:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"{' '.join(cmd[:3])} failed (exit {proc.returncode}); log {log}:\n{tail}")
+
+
+def _prompt_order(rows: list[dict[str, Any]], seed: int, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` prompts rollflow's rollout hands out for ``seed`` (epoch permutations)."""
+    from rollflow.rollout.loop import PromptCursor
+
+    cursor = PromptCursor(rows, seed=seed, max_epochs=None)
+    return [
+        {"messages": row["messages"], "answer": row["answer"]} for _, row in (next(cursor) for _ in range(n))
+    ]
+
+
+def _curve(run_dir: Path, scorer: SnapshotScorer, base_acc: float) -> dict[str, Any]:
+    doc = json.loads((run_dir / "curve.json").read_text())
+    points = [(0.0, base_acc)]
+    for snap in doc["snapshots"]:
+        if snap.get("file") is None or snap["t"] <= 0:
+            continue
+        points.append((float(snap["t"]), scorer.accuracy(run_dir / snap["file"])))
+        (run_dir / snap["file"]).unlink()  # scored; the curve is what we keep
+    doc["curve"] = sorted(points)
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/tiny_hard.yaml")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--seconds", type=float, default=600.0, help="training seconds per run")
+    p.add_argument("--sync-seconds", type=float, default=60.0, help="per seed; 0 = skip the sync baseline")
+    p.add_argument("--snapshot-every", type=float, default=30.0)
+    p.add_argument("--threads", type=int, default=2, help="the thread budget of each system")
+    p.add_argument("--trl-lr", type=float, default=None, help="default: the config's train.lr")
+    p.add_argument("--systems", nargs="+", default=["trl", "rollflow"], choices=["trl", "rollflow"])
+    p.add_argument("--n-eval", type=int, default=None, help="held-out prompts (default: eval.n_prompts)")
+    p.add_argument("--out", default=None, help="results dir (default bench/results/peer_<name>)")
+    p.add_argument(
+        "overrides", nargs="*", help="dotted config overrides for both systems, e.g. train.lr=5e-5"
+    )
+    args = p.parse_args(argv)
+
+    from rollflow.api.config_loader import load_config
+    from rollflow.api.workflow import import_string
+    from rollflow.data import load_prompts
+    from rollflow.models import bootstrap_tiny_model
+
+    name = Path(args.config).stem
+    out = Path(args.out or ROOT / "bench" / "results" / f"peer_{name}").resolve()
+    runs_dir = ROOT / "runs" / "peer" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = load_config(args.config, args.overrides)
+    if "trl" in args.systems and not TRL_PY.exists():
+        print("TRL's venv is missing: run `make trl-venv` (or `make bench-peer`) first", file=sys.stderr)
+        return 2
+    model_path = runs_dir / "model"
+    if cfg.model.bootstrap_tiny:
+        bootstrap_tiny_model(cfg.model.tiny, model_path, seed=cfg.seed)
+    else:
+        model_path = Path(cfg.model.path)
+    common = [*args.overrides, f"model.path={model_path}", "model.bootstrap_tiny=false"]
+    train_rows = load_prompts(cfg.dataset, cfg.dataset.train_split)
+    eval_rows = load_prompts(cfg.dataset, cfg.eval.split or cfg.dataset.eval_split)
+    n_eval = args.n_eval or cfg.eval.n_prompts or len(eval_rows)
+    eval_rows = eval_rows[:n_eval]
+    gen = cfg.rollout.generation
+    scorer = SnapshotScorer(
+        model_path,
+        eval_rows,
+        import_string(cfg.dataset.reward_fn),
+        max_new_tokens=cfg.eval.max_new_tokens or gen.max_new_tokens,
+    )
+    base_acc = scorer.accuracy(None)
+    print(f"base_acc {base_acc:.3f}", flush=True)
+
+    runs: list[dict[str, Any]] = []
+    jobs = [(s, sysname) for s in args.seeds for sysname in args.systems]
+    if "rollflow" in args.systems and args.sync_seconds > 0:
+        jobs += [(s, "rollflow-sync") for s in args.seeds]
+    for seed, system in jobs:
+        run_dir = runs_dir / f"{system}-s{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        spec_path = run_dir / "spec.json"
+        t0 = time.monotonic()
+        if system == "trl":
+            n_prompts = int(args.seconds * 120) + 1000  # more than TRL can use at ~40 prompts/s
+            spec = {
+                "model_path": str(model_path),
+                "prompts": _prompt_order(train_rows, seed, n_prompts),
+                "seed": seed,
+                "seconds": args.seconds,
+                "max_steps": 10**7,
+                "snapshot_every_s": args.snapshot_every,
+                "lr": args.trl_lr if args.trl_lr is not None else cfg.train.lr,
+                "batch_prompts": cfg.train.batch_size,
+                "group_size": cfg.rollout.group_size,
+                "max_new_tokens": gen.max_new_tokens,
+                "temperature": gen.temperature,
+                "grad_clip": cfg.train.grad_clip,
+                "beta": 0.0,
+                "threads": args.threads,
+                "out_dir": str(run_dir),
+            }
+            spec_path.write_text(json.dumps(spec))
+            _run([str(TRL_PY), "bench/peer_trl.py", str(spec_path)], run_dir / "log.txt", args.threads)
+        else:
+            sync = system == "rollflow-sync"
+            spec = {
+                "config": args.config,
+                "overrides": common,
+                "seed": seed,
+                "seconds": args.sync_seconds if sync else args.seconds,
+                "snapshot_every_s": args.snapshot_every,
+                "out_dir": str(run_dir),
+                "sync": sync,
+                "threads": cfg.train.threads,
+            }
+            spec_path.write_text(json.dumps(spec))
+            _run(
+                [sys.executable, "-m", "bench.peer_rollflow", str(spec_path)],
+                run_dir / "log.txt",
+                args.threads,
+            )
+        doc = _curve(run_dir, scorer, base_acc)
+        doc["system"], doc["seed"], doc["wall_s"] = system, seed, time.monotonic() - t0
+        runs.append(doc)
+        final = doc["curve"][-1]
+        print(
+            f"# {system} seed {seed}: {doc['steps']} steps in {doc['train_seconds']:.0f} s, "
+            f"{doc['completions_per_s']:.0f} completions/s, acc {final[1]:.3f} at {final[0]:.0f} s",
+            flush=True,
+        )
+
+    summary = summarize(runs, args.seconds)
+    for k, v in summary.items():
+        print(f"{k} {v}")
+    doc = {
+        "config": args.config,
+        "overrides": args.overrides,
+        "seconds": args.seconds,
+        "threads": args.threads,
+        "base_acc": base_acc,
+        "n_eval": len(eval_rows),
+        "summary": summary,
+        "runs": runs,
+    }
+    (out / f"peer_{name}.json").write_text(json.dumps(doc, indent=1))
+    plot(runs, out / f"peer_{name}.png", title=f"{name}: greedy held-out accuracy ({len(eval_rows)} prompts)")
+    print(f"# wrote {out / f'peer_{name}.json'} and .png", flush=True)
+    return 0
+
+
+def _fmt(x: float) -> str:
+    return "none" if not math.isfinite(x) else f"{x:.3f}"
+
+
+def summarize(runs: list[dict[str, Any]], seconds: float) -> dict[str, str]:
+    """The printed ``key value`` figures (medians over seeds; ``_spread`` keys give min..max)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault(r["system"], []).append(r)
+    out: dict[str, str] = {}
+    s = int(seconds)
+    for system in ("trl", "rollflow"):
+        rs = by.get(system, [])
+        if not rs:
+            continue
+        cps = [r["completions_per_s"] for r in rs]
+        acc = [value_at(r["curve"], seconds, final_from=seconds) for r in rs]
+        sps = [r["train_seconds"] / max(1, r["steps"]) for r in rs]
+        out[f"{system}_completions_per_s"] = _fmt(median(cps))
+        out[f"{system}_completions_per_s_spread"] = spread(cps)
+        out[f"{system}_s_per_step"] = _fmt(median(sps))
+        out[f"{system}_acc_at_{s}s"] = _fmt(median(acc))
+        out[f"{system}_acc_at_{s}s_spread"] = spread(acc)
+    if "trl" in by and "rollflow" in by:
+        trl_cps = median([r["completions_per_s"] for r in by["trl"]])
+        out["completions_per_s_ratio"] = _fmt(
+            median([r["completions_per_s"] for r in by["rollflow"]]) / trl_cps
+        )
+        target = median([value_at(r["curve"], seconds, final_from=seconds) for r in by["trl"]])
+        times = [time_to(r["curve"], target) for r in by["rollflow"]]
+        out["time_to_trl_final_ratio"] = _fmt(median(times) / seconds)
+        out["time_to_trl_final_spread"] = spread(times)
+    if "rollflow" in by:
+        times = [time_to(r["curve"], 0.8) for r in by["rollflow"]]
+        out["rollflow_time_to_0.8"] = _fmt(median(times))
+        out["rollflow_time_to_0.8_spread"] = spread(times)
+    if "rollflow" in by and "rollflow-sync" in by:
+        async_sps = median([r["train_seconds"] / max(1, r["steps"]) for r in by["rollflow"]])
+        sync = by["rollflow-sync"]
+        sync_sps = median([r["train_seconds"] / max(1, r["steps"]) for r in sync])
+        out["rollflow_sync_s_per_step"] = _fmt(sync_sps)
+        out["async_vs_sync_step_ratio"] = _fmt(sync_sps / async_sps)
+        # generation (rollout busy) + training (compute + checkpoint) per synchronous step
+        parts = []
+        for r in sync:
+            n = max(1, r["steps"])
+            busy = r.get("rollout_busy_s") or 0.0
+            train = sum(r["compute_s"]) + sum(r["checkpoint_s"])
+            parts.append((r["train_seconds"] / n) / ((busy + train) / n))
+        out["sync_step_vs_gen_plus_train"] = _fmt(median(parts))
+    return out
+
+
+def plot(runs: list[dict[str, Any]], path: Path, *, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"trl": "tab:orange", "rollflow": "tab:blue", "rollflow-sync": "tab:gray"}
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    seen: set[str] = set()
+    for r in runs:
+        xs, ys = zip(*r["curve"], strict=True)
+        label = None if r["system"] in seen else r["system"]
+        seen.add(r["system"])
+        ax.plot(xs, ys, color=colors.get(r["system"], "k"), alpha=0.8, lw=1.4, label=label, marker=".")
+    ax.set_xlabel("training seconds (evaluation excluded)")
+    ax.set_ylabel("greedy held-out accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

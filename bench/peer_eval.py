@@ -1,0 +1,115 @@
+"""Scoring for the peer benchmark: greedy held-out accuracy of weight snapshots, and the curve summaries.
+
+What it is: ``SnapshotScorer`` loads the run's starting model once, then for each snapshot (a
+safetensors state dict written by ``bench/peer_trl.py`` or ``bench/peer_rollflow.py``) loads the weights
+in place and decodes every held-out prompt greedily in one left-padded batch with ``model.generate``;
+accuracy is the share of completions the task's reward scores >= 0.5. Both systems' snapshots go through
+this one function, so neither is scored by its own code. Plus the pure curve functions the harness
+prints: value at a time, first time a level is reached, medians.
+
+What it is not: the product's evaluation (``rollflow.evaluation`` scores whatever the inference servers
+serve, mid-run); this one runs after the runs, off the training clock.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+Curve = list[tuple[float, float]]  # (training seconds, accuracy), sorted by time
+
+
+class SnapshotScorer:
+    """Greedy accuracy of weight snapshots of one model on fixed prompts."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        rows: Sequence[dict[str, Any]],
+        reward_fn: Callable[..., float],
+        *,
+        max_new_tokens: int,
+        batch_size: int = 256,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(model_path)
+        self.tok.padding_side = "left"
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        self.base = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.rows, self.reward_fn = list(rows), reward_fn
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+        texts = [
+            self.tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+            for r in rows
+        ]
+        self.prompts = texts
+        self.enc = self.tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+    def load(self, snapshot: str | Path | None) -> None:
+        """The starting weights (None) or a snapshot's; a snapshot must cover every parameter."""
+        sd = self.base if snapshot is None else load_file(str(snapshot))
+        missing, unexpected = self.model.load_state_dict(sd, strict=False)
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        if set(missing) - tied or unexpected:
+            raise ValueError(
+                f"snapshot {snapshot} does not fit the model: missing {missing}, extra {unexpected}"
+            )
+
+    @torch.no_grad()
+    def accuracy(self, snapshot: str | Path | None = None) -> float:
+        self.load(snapshot)
+        correct = 0
+        n = len(self.rows)
+        for lo in range(0, n, self.batch_size):
+            ids = self.enc["input_ids"][lo : lo + self.batch_size]  # [b, P]
+            mask = self.enc["attention_mask"][lo : lo + self.batch_size]  # [b, P]
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=self.max_new_tokens,
+                eos_token_id=self.tok.eos_token_id,
+                pad_token_id=self.tok.pad_token_id,
+            )  # [b, P + new]
+            texts = self.tok.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+            hi = lo + self.batch_size
+            for row, prompt, text in zip(self.rows[lo:hi], self.prompts[lo:hi], texts, strict=True):
+                correct += self.reward_fn(prompt, text, row["answer"]) >= 0.5
+        return correct / max(1, n)
+
+
+def value_at(curve: Curve, t: float, *, final_from: float | None = None) -> float:
+    """Accuracy of the last point at or before ``t`` (a run's state at that moment).
+
+    ``final_from``: a run stops at the first step end past its budget, so its final point lies a
+    fraction of a step after ``t``; with ``final_from=t`` that final point counts as the value at ``t``.
+    """
+    if final_from is not None and curve and curve[-1][0] >= final_from:
+        return curve[-1][1]
+    before = [a for s, a in curve if s <= t + 1e-9]
+    return before[-1] if before else math.nan
+
+
+def time_to(curve: Curve, level: float) -> float:
+    """First time the curve is at or above ``level``; inf if never."""
+    return next((s for s, a in curve if a >= level - 1e-12), math.inf)
+
+
+def median(xs: Sequence[float]) -> float:
+    finite = [x for x in xs if not math.isnan(x)]
+    return statistics.median(finite) if finite else math.nan
+
+
+def spread(xs: Sequence[float]) -> str:
+    """``min..max`` for the printed summary."""
+    finite = [x for x in xs if math.isfinite(x)]
+    if not finite:
+        return "none"
+    return f"{min(finite):.3g}..{max(finite):.3g}"

@@ -1,0 +1,272 @@
+"""rollflow's side of the peer benchmark: one run of the real loops on a training-seconds budget.
+
+What it is: ``python -m bench.peer_rollflow SPEC.json``, started by ``bench.peer`` in a fresh process. It
+runs what the embedded ``async-rl`` flow runs - CPU inference server(s), the checkpoint watcher, the
+rollout loop (executor + shard writer) and the trainer, meeting only through storage - without Prefect
+or MLflow, so that nothing but rollflow's own machinery is on the clock:
+
+* the clock starts when the trainer has built its model and optimizer (servers already healthy, the
+  rollout loop started with the trainer: TRL's clock likewise starts after its model is loaded) and
+  stops at the first step end past ``seconds``; the time spent copying snapshots is taken off it;
+* a snapshot of the trainer's weights is kept whenever the clock crosses a multiple of
+  ``snapshot_every_s`` (after the step that crossed it) and at the end, then evaluated offline by
+  ``bench.peer`` with the same code as TRL's snapshots (the model it starts from is the 0 s point);
+* ``sync: true`` runs the synchronous baseline (``rollout.max_staleness=0`` and
+  ``rollout.pause_during_training``: the trainer pauses the servers around each step).
+
+Spec keys: ``config``, ``overrides`` (dotted), ``seed``, ``seconds``, ``snapshot_every_s``,
+``out_dir``, ``sync``. Output: ``out_dir/curve.json`` (+ ``snap-NNN.safetensors``), the same format as
+``bench/peer_trl.py``, plus rollflow's per-step timings and rollout counters.
+
+What it is not: a product entry point (use ``flows/async_rl.py``) or an evaluator (``bench.peer_eval``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from rollflow.api.config import ExperimentConfig
+from rollflow.api.config_loader import load_config
+from rollflow.api.metrics import InMemorySink
+
+logger = logging.getLogger("bench.peer_rollflow")
+
+
+class _Prefixed:
+    """A sink that files every metric under ``prefix`` in one shared in-memory sink."""
+
+    def __init__(self, sink: InMemorySink, prefix: str) -> None:
+        self.sink, self.prefix = sink, prefix
+
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.sink.log({self.prefix + k: v for k, v in metrics.items()}, step=step)
+
+
+class Clock:
+    """Training seconds: wall time since ``start`` minus the time spent on snapshots."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.excluded = 0.0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        with self._lock:
+            return time.perf_counter() - self.t0 - self.excluded
+
+    def exclude(self, seconds: float) -> None:
+        with self._lock:
+            self.excluded += seconds
+
+
+class SnapshotHooks:
+    """TrainerHooks: keep a copy of the weights at each ``every_s`` mark; pause servers in sync mode."""
+
+    def __init__(self, clock: Clock, every_s: float, budget_s: float, stop: threading.Event) -> None:
+        self.clock, self.every_s, self.budget_s, self.stop = clock, every_s, budget_s, stop
+        self.trainer: Any = None
+        self.control: Any = None  # infra.control.ServerControl in the synchronous baseline
+        self.snapshots: list[dict[str, Any]] = []
+        self._next_mark = every_s
+        self.step_ends: list[float] = []
+
+    def take(self, version: int) -> None:
+        t_begin = time.perf_counter()
+        t = self.clock.now()
+        sd = {
+            k: v.detach().to("cpu", copy=True).contiguous()
+            for k, v in self.trainer.model.state_dict().items()
+        }
+        self.snapshots.append({"t": t, "step": version, "weights": sd})
+        while self._next_mark <= t:
+            self._next_mark += self.every_s
+        self.clock.exclude(time.perf_counter() - t_begin)
+
+    def before_step(self, version: int) -> None:
+        if self.control is not None:
+            self.control.pause()
+
+    def after_step(self, version: int) -> None:
+        if self.control is not None:
+            self.control.resume()
+        now = self.clock.now()
+        self.step_ends.append(now)
+        if now >= self._next_mark or now >= self.budget_s:
+            self.take(version)
+        if now >= self.budget_s:
+            self.stop.set()
+
+
+def _config(spec: dict[str, Any]) -> ExperimentConfig:
+    out = Path(spec["out_dir"])
+    overrides = [
+        *spec.get("overrides", []),
+        f"seed={int(spec['seed'])}",
+        f"trial=peer-s{int(spec['seed'])}{'-sync' if spec.get('sync') else ''}",
+        f"storage.root={out / 'storage'}",
+        f"storage.local_cache={out / 'cache'}",
+        "train.steps=1000000",
+        "train.resume_every=1000000",
+        "tracking.enabled=false",
+    ]
+    if spec.get("sync"):
+        overrides += ["rollout.max_staleness=0", "rollout.pause_during_training=true"]
+    return load_config(spec["config"], overrides)
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    # transformers' lazy module is not safe to import from two threads at once: import it here first
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    from infra.control import ServerControl
+    from infra.servers import launch_local_servers
+    from rollflow.rollout.client import SGLangClient
+    from rollflow.rollout.loop import run_rollout_loop
+    from rollflow.rollout.watcher import CheckpointWatcher
+    from rollflow.training.trainer import Trainer
+    from storage.checkpoints import CheckpointStore
+    from storage.fs import Storage
+
+    cfg = _config(spec)
+    out = Path(spec["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    seconds, every = float(spec["seconds"]), float(spec["snapshot_every_s"])
+    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    sink = InMemorySink()
+    stop = threading.Event()
+    clock = Clock()
+    hooks = SnapshotHooks(clock, every, seconds, stop)
+    servers = launch_local_servers(cfg.inference, cfg.model.path, log_dir=out / "server-logs")
+    try:
+        if spec.get("sync"):
+            hooks.control = ServerControl(servers.addresses, api_key=cfg.inference.api_key)
+        trainer = Trainer(cfg, storage, metrics=_Prefixed(sink, "train/"), stop_event=stop, hooks=hooks)
+        hooks.trainer = trainer
+        rollout_sink = _Prefixed(sink, "rollout/")
+        client = SGLangClient.from_config(cfg.inference, servers.addresses, metrics=rollout_sink)
+        watcher = CheckpointWatcher.from_config(
+            cfg.inference,
+            CheckpointStore(storage),
+            servers.addresses,
+            cache_dir=Path(cfg.storage.local_cache),
+            on_update=client.set_version,
+            metrics=rollout_sink,
+        )
+        results: dict[str, Any] = {}
+
+        def train() -> None:
+            try:
+                results["train"] = trainer.run()
+            except BaseException as e:  # surfaced below
+                results["train_error"] = e
+            finally:
+                stop.set()
+
+        def rollout() -> None:
+            async def go() -> Any:
+                try:
+                    return await run_rollout_loop(
+                        cfg, storage, client, version_fn=client.get_version, stop_event=stop,
+                        metrics=rollout_sink, writer_name="peer", metrics_interval_s=1.0,
+                    )  # fmt: skip
+                finally:
+                    await client.aclose()
+
+            try:
+                results["rollout"] = asyncio.run(go())
+            except BaseException as e:
+                results["rollout_error"] = e
+            finally:
+                stop.set()
+
+        # TRL's clock starts once its model and optimizer are built; ours once the trainer's are
+        # (the rollout side starts with the trainer and any setup it takes longer is on the clock)
+        setup = trainer._setup
+
+        def setup_then_start_clock() -> None:
+            setup()
+            clock.start()
+
+        trainer._setup = setup_then_start_clock  # type: ignore[method-assign]
+        watcher.start()
+        threads = [threading.Thread(target=f, name=f.__name__) for f in (train, rollout)]
+        for t in threads:
+            t.start()
+        # (the 0 s point is the model the run starts from: bench.peer scores it once for both systems)
+        stop.wait(seconds + 120.0)  # the trainer's after_step sets it at the budget
+        stop.set()
+        for t in threads:
+            t.join(timeout=300)
+        watcher.stop()
+    finally:
+        servers.stop()
+    for key in ("train_error", "rollout_error"):
+        if key in results:
+            raise RuntimeError(f"rollflow {key.split('_')[0]} loop failed: {results[key]!r}") from results[
+                key
+            ]
+    train_summary = results["train"]
+    train_s = hooks.step_ends[-1] if hooks.step_ends else clock.now()
+    completions = sink.last("rollout/completions_generated") or 0.0
+    snaps = []
+    for i, s in enumerate(hooks.snapshots):
+        name = f"snap-{i:03d}.safetensors"
+        save_file(s["weights"], str(out / name))
+        snaps.append({"t": s["t"], "step": s["step"], "file": name})
+    curve = {
+        "system": "rollflow-sync" if spec.get("sync") else "rollflow",
+        "seed": int(spec["seed"]),
+        "steps": int(train_summary.steps_run),
+        "train_seconds": train_s,
+        "completions": completions,
+        "completions_per_s": completions / max(train_s, 1e-9),
+        "step_seconds": sink.values("train/step_time_s"),
+        "data_wait_s": sink.values("train/data_wait_s"),
+        "compute_s": sink.values("train/compute_time_s"),
+        "checkpoint_s": sink.values("train/checkpoint_time_s"),
+        "step_end_t": hooks.step_ends,
+        "reward_mean": sink.values("train/reward_mean"),
+        "signal_group_frac": sink.values("train/signal_group_frac"),
+        "staleness_mean": sink.values("train/staleness_mean"),
+        "dropped_stale": train_summary.dropped_stale,
+        "rollout_busy_s": sink.last("rollout/busy_s"),
+        "rollout_rejected_filtered": sink.last("rollout/rejected_filtered") or 0.0,
+        "rollout_accepted": sink.last("rollout/groups_accepted") or 0.0,
+        "snapshots": snaps,
+    }
+    (out / "curve.json").write_text(json.dumps(curve))
+    return curve
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m bench.peer_rollflow SPEC.json", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    spec = json.loads(Path(args[0]).read_text())
+    torch.set_num_threads(int(spec.get("threads", 1)))
+    curve = run(spec)
+    name = curve["system"].replace("-", "_")
+    print(f"{name}_steps {curve['steps']}")
+    print(f"{name}_train_seconds {curve['train_seconds']:.1f}")
+    print(f"{name}_completions_per_s {curve['completions_per_s']:.1f}")
+    print(f"{name}_s_per_step {curve['train_seconds'] / max(1, curve['steps']):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

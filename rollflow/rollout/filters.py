@@ -1,0 +1,59 @@
+"""Built-in group filters for dynamic sampling (``should_accept_fn`` implementations).
+
+What it is: ``reward_variance_filter(group) -> bool``, DAPO's dynamic sampling: a GRPO group whose
+rewards are all equal has every advantage exactly 0,
+
+    A_i = (r_i - mean_g) / (std_g + eps) = 0     for every i when r_1 = ... = r_n,
+
+so it carries no policy-gradient signal and only dilutes the batch (and, under token-mean
+aggregation, shrinks every other group's gradient by inflating the denominator). Dropping such groups at
+acceptance time keeps every training batch full of groups that teach something; the rollout pays for
+it with more generation per step, which the executor counts (``rollout/rejected_filtered``,
+``rollout/completions_generated``) so the cost is visible next to the gain.
+
+Turn it on with ``rollout.dynamic_sampling: true`` (or name it yourself:
+``rollout.should_accept_fn: rollflow.rollout.filters:reward_variance_filter``).
+
+What it is not: a reward model or a curriculum; it never looks at the text, only at the rewards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rollflow.api.workflow import import_string
+from storage.schema import TrajectoryGroup
+
+REWARD_VARIANCE_FILTER = "rollflow.rollout.filters:reward_variance_filter"
+
+# Two rewards closer than this count as equal (binary and rational verifiers give exact values; a
+# learned or shaped reward may jitter in the last float32 bits).
+_EQUAL_ATOL = 1e-6
+
+
+def reward_variance_filter(group: TrajectoryGroup) -> bool:
+    """True (keep) when the group's rewards are not all equal; a group of one is never kept."""
+    rewards = group.rewards
+    if len(rewards) < 2:
+        return False
+    return max(rewards) - min(rewards) > _EQUAL_ATOL
+
+
+def build_should_accept(
+    dynamic_sampling: bool, should_accept_fn: str | Callable[[TrajectoryGroup], bool] | None
+) -> Callable[[TrajectoryGroup], bool] | None:
+    """The executor's acceptance test from ``rollout.dynamic_sampling`` and ``rollout.should_accept_fn``.
+
+    Both set: a group must pass the variance filter first, then the user's function (which then never
+    sees a group without signal). Neither: None (keep every group).
+    """
+    user = import_string(should_accept_fn) if isinstance(should_accept_fn, str) else should_accept_fn
+    if not dynamic_sampling:
+        return user
+    if user is None:
+        return reward_variance_filter
+
+    def both(group: TrajectoryGroup) -> bool:
+        return reward_variance_filter(group) and bool(user(group))
+
+    return both
