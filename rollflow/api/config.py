@@ -312,6 +312,14 @@ class RolloutConfig:
             "drop groups whose rewards are all equal, which carry no GRPO signal). None = keep all."
         ),
     )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata=_help(
+            "DAPO dynamic sampling: drop groups whose rewards are all equal (zero GRPO advantage) and "
+            "generate more until each batch is full of groups with signal. Costs extra generation, "
+            "counted as rollout/rejected_filtered. Applied before should_accept_fn when both are set."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1 (GRPO needs >= 2 to learn)")
