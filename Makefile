@@ -57,5 +57,23 @@ bench: install
 	$(PY) -m bench.rollout
 	$(PY) -m bench.train
 
+# TRL's GRPOTrainer as a peer baseline (bench/peer_trl.py), in its own venv so that TRL never becomes a
+# dependency of rollflow.
+TRL_VENV := .venv-trl
+TRL_PY := $(TRL_VENV)/bin/python
+TRL_STAMP := $(TRL_VENV)/.installed-$(shell cat bench/requirements-trl.txt | sha256sum | cut -c1-12)
+
+.PHONY: trl-venv
+
+$(TRL_STAMP):
+	@test -x $(TRL_PY) || $(PYTHON) -m venv $(TRL_VENV)
+	# torch first and alone: the CPU wheel 2.13.0; then the rest with torch held at 2.13.0.
+	$(TRL_PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(TRL_PY) -m pip install -q --disable-pip-version-check -r bench/requirements-trl.txt -c <(echo torch==2.13.0)
+	@rm -f $(TRL_VENV)/.installed-*
+	@touch $(TRL_STAMP)
+
+trl-venv: $(TRL_STAMP)
+
 clean:
 	rm -rf runs .pytest_cache .ruff_cache
