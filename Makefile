@@ -18,7 +18,7 @@ export TOKENIZERS_PARALLELISM := false
 # Show the core's progress lines (trainer steps, weight updates) in Prefect's run logs.
 export PREFECT_LOGGING_EXTRA_LOGGERS ?= rollflow,storage,infra
 
-.PHONY: install demo test test-fast lint format docs bench clean
+.PHONY: install demo test test-fast lint format docs bench bench-peer clean
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,7 +34,7 @@ demo: install  ## bootstrap the tiny model and run async GRPO on the embedded de
 	# a fresh trial per demo (re-running a trial resumes it); pass ARGS="trial=NAME ..." to choose
 	$(PY) -m flows.async_rl --config configs/tiny_cpu.yaml trial=demo-$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
-test: install  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
+test: install trl-venv  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
 	$(VENV)/bin/pytest -q -ra $(PYTEST_ARGS)
 
 test-fast: install
@@ -74,6 +74,12 @@ $(TRL_STAMP):
 	@touch $(TRL_STAMP)
 
 trl-venv: $(TRL_STAMP)
+
+# Side by side with TRL (issue 9): 3 seeds x 600 training seconds per system on the hard task, then the
+# synchronous baseline; prints key value lines, writes bench/results/peer_<config>.{json,png}.
+PEER_CONFIG ?= configs/tiny_hard.yaml
+bench-peer: install trl-venv
+	$(PY) -m bench.peer --config $(PEER_CONFIG) $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache
