@@ -51,6 +51,9 @@ def _run(cmd: list[str], log: Path, threads: int) -> None:
         **os.environ,
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
+        # idle OpenMP threads sleep instead of spinning: on 2 shared cores spinning made TRL's 2-thread
+        # steps 4-7x slower; both systems get the same setting
+        "OMP_WAIT_POLICY": "PASSIVE",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",

@@ -225,6 +225,8 @@ def launch_local_servers(
     version = weight_version if weight_version is not None else cfg.initial_weight_version
     child_env = {
         "OMP_NUM_THREADS": str(cfg.server_threads),
+        # idle OpenMP threads sleep instead of spinning, so a waiting server leaves its cores to the trainer
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         "MKL_NUM_THREADS": str(cfg.server_threads),
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
