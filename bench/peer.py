@@ -99,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="the thread budget of each system")
     p.add_argument("--trl-lr", type=float, default=None, help="default: the config's train.lr")
     p.add_argument("--systems", nargs="+", default=["trl", "rollflow"], choices=["trl", "rollflow"])
+    p.add_argument(
+        "--rollout-process",
+        action="store_true",
+        help="run rollflow's rollout loop in a process of its own (default: a thread beside the trainer, "
+        "as the embedded flow runs it)",
+    )
     p.add_argument("--n-eval", type=int, default=None, help="held-out prompts (default: eval.n_prompts)")
     p.add_argument("--out", default=None, help="results dir (default bench/results/peer_<name>)")
     p.add_argument(
@@ -181,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 "out_dir": str(run_dir),
                 "sync": sync,
                 "threads": cfg.train.threads,
+                "rollout_process": args.rollout_process,
             }
             spec_path.write_text(json.dumps(spec))
             _run(
@@ -271,25 +278,33 @@ def summarize(runs: list[dict[str, Any]], seconds: float) -> dict[str, str]:
 
 
 def plot(runs: list[dict[str, Any]], path: Path, *, title: str) -> None:
+    """Left: accuracy against training seconds (the race); right: against optimizer steps (per-step
+    learning, where TRL and rollflow's synchronous baseline should overlap)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colors = {"trl": "tab:orange", "rollflow": "tab:blue", "rollflow-sync": "tab:gray"}
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120, sharey=True)
     seen: set[str] = set()
     for r in runs:
         xs, ys = zip(*r["curve"], strict=True)
         label = None if r["system"] in seen else r["system"]
         seen.add(r["system"])
-        ax.plot(xs, ys, color=colors.get(r["system"], "k"), alpha=0.8, lw=1.4, label=label, marker=".")
-    ax.set_xlabel("training seconds (evaluation excluded)")
-    ax.set_ylabel("greedy held-out accuracy")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title(title, fontsize=10)
+        style = {"color": colors.get(r["system"], "k"), "alpha": 0.8, "lw": 1.4, "marker": "."}
+        ax_t.plot(xs, ys, label=label, **style)
+        steps = [0] + [int(s["step"]) for s in r["snapshots"] if s.get("file") and s["t"] > 0]
+        if len(steps) == len(ys):
+            ax_s.plot(steps, ys, **style)
+    ax_t.set_xlabel("training seconds (evaluation excluded)")
+    ax_s.set_xlabel("optimizer steps")
+    ax_t.set_ylabel("greedy held-out accuracy")
+    for ax in (ax_t, ax_s):
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    ax_t.legend(loc="lower right")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

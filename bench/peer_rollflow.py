@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -127,6 +129,51 @@ def _config(spec: dict[str, Any]) -> ExperimentConfig:
     return load_config(spec["config"], overrides)
 
 
+def _rollout(cfg: ExperimentConfig, storage: Any, client: Any, stop: threading.Event, sink: Any) -> Any:
+    from rollflow.rollout.loop import run_rollout_loop
+
+    async def go() -> Any:
+        try:
+            return await run_rollout_loop(
+                cfg, storage, client, version_fn=client.get_version, stop_event=stop,
+                metrics=sink, writer_name="peer", metrics_interval_s=1.0,
+            )  # fmt: skip
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def rollout_only(spec: dict[str, Any]) -> None:
+    """The rollout loop and the checkpoint watcher, in this process, until SIGTERM (``rollout_process``)."""
+    from transformers import AutoTokenizer  # noqa: F401  (see run())
+
+    from rollflow.rollout.client import SGLangClient
+    from rollflow.rollout.watcher import CheckpointWatcher
+    from storage.checkpoints import CheckpointStore
+    from storage.fs import Storage
+
+    cfg = _config(spec)
+    out = Path(spec["out_dir"])
+    addresses = json.loads((out / "servers.json").read_text())
+    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    sink = InMemorySink()
+    client = SGLangClient.from_config(cfg.inference, addresses, metrics=sink)
+    watcher = CheckpointWatcher.from_config(
+        cfg.inference, CheckpointStore(storage), addresses, cache_dir=Path(cfg.storage.local_cache),
+        on_update=client.set_version, metrics=sink,
+    )  # fmt: skip
+    watcher.start()
+    try:
+        _rollout(cfg, storage, client, stop, sink)
+    finally:
+        watcher.stop()
+    keys = ("completions_generated", "busy_s", "rejected_filtered", "groups_accepted")
+    (out / "rollout.json").write_text(json.dumps({f"rollout/{k}": sink.last(k) or 0.0 for k in keys}))
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     # transformers' lazy module is not safe to import from two threads at once: import it here first
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
@@ -134,7 +181,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from infra.control import ServerControl
     from infra.servers import launch_local_servers
     from rollflow.rollout.client import SGLangClient
-    from rollflow.rollout.loop import run_rollout_loop
     from rollflow.rollout.watcher import CheckpointWatcher
     from rollflow.training.trainer import Trainer
     from storage.checkpoints import CheckpointStore
@@ -176,17 +222,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 stop.set()
 
         def rollout() -> None:
-            async def go() -> Any:
-                try:
-                    return await run_rollout_loop(
-                        cfg, storage, client, version_fn=client.get_version, stop_event=stop,
-                        metrics=rollout_sink, writer_name="peer", metrics_interval_s=1.0,
-                    )  # fmt: skip
-                finally:
-                    await client.aclose()
-
             try:
-                results["rollout"] = asyncio.run(go())
+                results["rollout"] = _rollout(cfg, storage, client, stop, rollout_sink)
             except BaseException as e:
                 results["rollout_error"] = e
             finally:
@@ -201,13 +238,30 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             clock.start()
 
         trainer._setup = setup_then_start_clock  # type: ignore[method-assign]
-        watcher.start()
-        threads = [threading.Thread(target=f, name=f.__name__) for f in (train, rollout)]
+        child = None
+        if spec.get("rollout_process"):  # the rollout loop + watcher in a process of their own
+            (out / "servers.json").write_text(json.dumps(servers.addresses))
+            child = subprocess.Popen(
+                [sys.executable, "-m", "bench.peer_rollflow", "--rollout", spec["spec_path"]]
+            )
+            loops = [train]
+        else:
+            watcher.start()
+            loops = [train, rollout]
+        threads = [threading.Thread(target=f, name=f.__name__) for f in loops]
         for t in threads:
             t.start()
         # (the 0 s point is the model the run starts from: bench.peer scores it once for both systems)
-        stop.wait(seconds + 120.0)  # the trainer's after_step sets it at the budget
+        while not stop.wait(1.0):  # the trainer's after_step sets it at the budget
+            if child is not None and child.poll() is not None:
+                results["rollout_error"] = RuntimeError(f"rollout process exited {child.returncode}")
+                break
         stop.set()
+        if child is not None:
+            child.send_signal(signal.SIGTERM)
+            child.wait(timeout=120)
+            for k, v in json.loads((out / "rollout.json").read_text()).items():
+                sink.log({k: v})
         for t in threads:
             t.join(timeout=300)
         watcher.stop()
@@ -253,12 +307,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    rollout_mode = bool(args) and args[0] == "--rollout"
+    args = args[1:] if rollout_mode else args
     if len(args) != 1:
-        print("usage: python -m bench.peer_rollflow SPEC.json", file=sys.stderr)
+        print("usage: python -m bench.peer_rollflow [--rollout] SPEC.json", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     spec = json.loads(Path(args[0]).read_text())
+    spec["spec_path"] = str(Path(args[0]).resolve())
     torch.set_num_threads(int(spec.get("threads", 1)))
+    if rollout_mode:
+        rollout_only(spec)
+        return 0
     curve = run(spec)
     name = curve["system"].replace("-", "_")
     print(f"{name}_steps {curve['steps']}")
