@@ -19,13 +19,22 @@ Figures:
   batch in-process (same sampling, same torch threads). Best of the repetitions on each side. >= 0.7 is
   the target.
 - weight_update_vs_raw_load: publish -> serving latency (``CheckpointStore.publish`` returns -> the
-  watcher's ``on_update``: poll, fetch + sha256 verify into the cache, pause, load + check + in-place
-  swap, continue, ack) over a plain ``AutoModelForCausalLM.from_pretrained`` of the same committed
-  checkpoint directory, in a warm process. Medians, interleaved. <= 1.5 is the target.
+  watcher's ``on_update``: wake-up, LATEST + COMMIT.json, "loading" ack, blake3 verification of every
+  file in place, pause, load + check + in-place swap, continue, ack) over a plain
+  ``AutoModelForCausalLM.from_pretrained`` of the same committed checkpoint directory, in a warm
+  process. The watcher runs with the config defaults (``inference.poll_interval_s`` 1 s,
+  ``local_poll_interval_s`` 0.02 s) and, as in the embedded mode, in the publisher's process, so the
+  publish wakes it. Medians, interleaved. <= 1.5 is the target.
   Also reported: weight_update_s, raw_load_s, weight_update_vs_raw_load_touch (from_pretrained +
   reading every weight, since from_pretrained maps the file lazily), weight_update_vs_server_restart
-  (a fresh CPU server process on the new checkpoint until /health: the alternative to hot-loading), and
-  fetch_s (the storage fetch: copy + sha256 of every file).
+  (a fresh CPU server process on the new checkpoint until /health: the alternative to hot-loading),
+  fetch_s (the watcher's verification: blake3 of every file in place, no copy), and
+  weight_update_stat_poll_vs_raw_load (the same with the in-process wake-up hidden, as for a watcher in
+  another process: only the stat of LATEST every 0.02 s sees the publish).
+- server_load_vs_raw: the CPU server's load in-process, no HTTP (``load_checked_weights`` +
+  ``swap_weights_in_place``: read, copy into private memory in the served dtype, shape/dtype/finite
+  checks, pointer swap) over ``safetensors.torch.load_file`` + ``model.load_state_dict``. Medians of
+  interleaved repetitions.
 - pause_s: median time generation stops on the server during an update (pause -> continue), measured
   while 8 client streams keep generating. The update figures are taken twice: on an idle server (the
   main figures) and while those 8 streams generate (``*_generating``: the fetch then competes with
@@ -196,6 +205,46 @@ def server_restart_s(model_dir: Path) -> float:
     return dt
 
 
+class _NoInProcessWakeUp:
+    """The store as a watcher in another process sees it: a publish here does not wake it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def subscribe(self) -> threading.Event:
+        return threading.Event()
+
+
+def bench_server_load(root: Path, reps: int, details: dict[str, Any]) -> dict[str, float]:
+    """The CPU server's load path in-process vs safetensors.load_file + load_state_dict."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from infra.cpu_server.weights import load_checked_weights, read_config, swap_weights_in_place
+
+    dirs = [root / f"bench-32m-{s}" for s in (0, 1)]
+    model = AutoModelForCausalLM.from_pretrained(dirs[0], dtype=torch.float32).eval()
+    served_cfg = read_config(dirs[0])
+    ours: list[float] = []
+    raw: list[float] = []
+    for i in range(reps + 1):  # the first round warms both sides up
+        d = dirs[i % 2]
+        for name in ("ours", "raw") if i % 2 == 0 else ("raw", "ours"):
+            t0 = time.perf_counter()
+            if name == "ours":
+                swap_weights_in_place(model, load_checked_weights(model, served_cfg, str(d)))
+            else:
+                with torch.no_grad():
+                    model.load_state_dict(load_file(str(d / "model.safetensors")))
+            (ours if name == "ours" else raw).append(time.perf_counter() - t0)
+    ours, raw = ours[1:], raw[1:]
+    details["server_load"] = {"ours_s": ours, "raw_s": raw}
+    return {"server_load_vs_raw": statistics.median(ours) / statistics.median(raw)}
+
+
 def bench_weight_update(root: Path, reps: int, details: dict[str, Any]) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
@@ -215,19 +264,25 @@ def bench_weight_update(root: Path, reps: int, details: dict[str, Any]) -> dict[
     phases: dict[str, dict[str, list[float]]] = {}
     version = 0
     with launch_local_servers(cfg, weights[0]) as group:
-        watcher = CheckpointWatcher(
-            store,
-            group.addresses,
-            cache_dir=root / "cache",
-            poll_interval_s=0.05,
-            on_update=lambda v: served.set(),
-        )
-        watcher.poll_once()  # v0 is what the server was started with
-        watcher.start()
+
+        def new_watcher(source: Any) -> CheckpointWatcher:
+            w = CheckpointWatcher.from_config(
+                cfg, source, group.addresses, cache_dir=root / "cache", on_update=lambda v: served.set()
+            )
+            w.poll_once()  # what the server already serves
+            w.start()
+            return w
+
+        watcher = new_watcher(store)
         load = _Load(group.addresses, streams=8, vocab=UPDATE_ARCH["vocab_size"])
         try:
-            for phase in ("idle", "generating"):
+            for phase in ("idle", "idle_stat_poll", "generating"):
+                if phase == "idle_stat_poll":  # a watcher in another process: no in-process wake-up
+                    watcher.stop()
+                    watcher = new_watcher(_NoInProcessWakeUp(store))
                 if phase == "generating":
+                    watcher.stop()
+                    watcher = new_watcher(store)
                     load.thread.start()
                 t = phases[phase] = {k: [] for k in ("latency", "raw", "raw_touch", "pause", "fetch")}
                 for _ in range(reps):
@@ -259,12 +314,15 @@ def bench_weight_update(root: Path, reps: int, details: dict[str, Any]) -> dict[
     restart = [server_restart_s(last) for _ in range(2)]
     med = statistics.median
     idle, busy = phases["idle"], phases["generating"]
+    stat = phases["idle_stat_poll"]
     details["weight_update"] = {
-        "phases": phases, "poll_interval_s": 0.05, "load_streams": 8, "restart_s": restart,
-        "load_tokens": load.tokens, "load_interruptions": load.interruptions, "errors": len(watcher.errors),
+        "phases": phases, "poll_interval_s": cfg.poll_interval_s, "local_poll_interval_s": cfg.local_poll_interval_s,
+        "load_streams": 8, "restart_s": restart, "load_tokens": load.tokens,
+        "load_interruptions": load.interruptions, "errors": len(watcher.errors),
     }  # fmt: skip
     return {
         "weight_update_vs_raw_load": med(idle["latency"]) / med(idle["raw"]),
+        "weight_update_stat_poll_vs_raw_load": med(stat["latency"]) / med(stat["raw"]),
         "weight_update_vs_raw_load_touch": med(idle["latency"]) / med(idle["raw_touch"]),
         "weight_update_vs_raw_load_generating": med(busy["latency"]) / med(busy["raw"]),
         "weight_update_vs_server_restart": med(idle["latency"]) / med(restart),
@@ -288,6 +346,7 @@ def main() -> None:
         root = Path(tmp)
         figures = bench_throughput(root, reps + 2, details)
         figures.update(bench_weight_update(root, reps, details))
+        figures.update(bench_server_load(root, reps, details))
     details["load_avg_at_end"] = os.getloadavg()
     report("inference", figures, details)
     print(json.dumps({k: round(v, 3) for k, v in figures.items()}))

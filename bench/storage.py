@@ -11,16 +11,23 @@ sides doing the same work to the same place (same directory / same bucket):
   encode, sha256, one put, exclusive commit record; vs groups_to_table + pyarrow.parquet.write_table.
 - shard_read_vs_raw: ShardReader.take of one new commit (list, record, get, sha256, decode, validate,
   table -> groups); vs pyarrow.parquet.read_table + table_to_groups.
-- ckpt_publish_vs_raw: save_pretrained into CheckpointStore.staging_dir + publish (local: hash in place,
-  COMMIT.json, LATEST); vs save_pretrained straight into the destination. On S3: save_pretrained to a
-  temp dir + publish (upload hashing on the way) vs save_pretrained + s3fs `put` of the dir.
-- ckpt_fetch_vs_raw: fetch (copy + sha256 verification of every file into the cache) vs a plain copy
-  (local: shutil.copytree; S3: s3fs `get` of the dir).
+- ckpt_publish_vs_raw: the trainer's publish path, `CheckpointPublisher.submit` (write_hf_dir into
+  CheckpointStore.staging_dir, each safetensors file hashed (blake3) from the buffers as they are
+  written, then publish with those digests: COMMIT.json, LATEST); vs save_pretrained straight into the
+  destination. On S3: the publisher writes (hashing) to a temp dir and publish uploads it (hashing on
+  the way) vs save_pretrained + s3fs `put` of the dir.
+- ckpt_fetch_vs_raw: fetch (a private copy + blake3 verification of every file into the cache) vs a
+  plain copy (local: shutil.copytree; S3: s3fs `get` of the dir).
 - `*_s3`: the same against a moto S3 server this script starts on 127.0.0.1.
 
 Extra figures (same method): shard_{write,read}_vs_raw_io compare against pyarrow I/O alone (the raw
-side skips the groups <-> table conversion that ShardWriter/Reader must do), and
-ckpt_publish_copy_vs_raw publishes from a staging dir elsewhere (a full hashed copy).
+side skips the groups <-> table conversion that ShardWriter/Reader must do);
+ckpt_publish_saved_dir_vs_raw is save_pretrained into the staging dir + publish without digests (the
+files are read back to hash them: what a caller that did not hash while writing pays);
+ckpt_publish_copy_vs_raw publishes a save_pretrained dir from elsewhere (a full hashed copy);
+ckpt_verified_dir_vs_raw is `verified_dir`, what the watcher does before every load (local: blake3 of
+every file in place, no copy; S3: the same as fetch) over the same plain copy.
+Details also hold the hash throughput of both algorithms on this machine (`hash_MBps`).
 
 This is a script, not a test: it asserts nothing about targets; it reports.
 """
@@ -28,7 +35,6 @@ This is a script, not a test: it asserts nothing about targets; it reports.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import platform
 import random
@@ -47,6 +53,7 @@ from storage.fs import Storage
 from storage.schema import TrajectoryGroup, TrajectoryRow, groups_to_table, table_to_groups
 from storage.shard_reader import ShardReader
 from storage.shard_writer import ShardWriter
+from storage.transfer import new_hasher
 
 N_GROUPS, ROWS_PER_GROUP, PROMPT_LEN, GEN_LEN = 32, 8, 128, 384  # 256 rows x 512 tokens = 131k tokens
 
@@ -178,10 +185,25 @@ def bench_checkpoints(
             model.save_pretrained(staging(i))
             storage.fs.put(str(staging(i)), f"{storage.base}/raw/v{i:06d}", recursive=True)
 
+    from rollflow.training.publish import CheckpointPublisher
+
+    state_dict = model.state_dict()
+
     def ours_publish(i: int) -> None:
-        target = store.staging_dir(1 + i) or staging(i)
+        pub = CheckpointPublisher(
+            store,
+            config=model.config,
+            tokenizer=None,
+            generation_config=model.generation_config,
+            architecture="LlamaForCausalLM",
+            background=False,
+        )
+        assert pub.submit(1 + i, state_dict, step=i)
+
+    def ours_publish_saved_dir(i: int) -> None:
+        target = store.staging_dir(2000 + i) or staging(i)
         model.save_pretrained(target)
-        store.publish(target, 1 + i)
+        store.publish(target, 2000 + i)
 
     fns = {"ours": ours_publish, "raw": raw_publish}
     if local:
@@ -190,12 +212,13 @@ def bench_checkpoints(
             model.save_pretrained(staging(i))
             store.publish(staging(i), 1000 + i)
 
+        fns["ours_saved_dir"] = ours_publish_saved_dir
         fns["ours_copy"] = ours_publish_copy
 
     def cleanup(name: str, i: int) -> None:
         shutil.rmtree(staging(i), ignore_errors=True)
         storage.delete(f"raw/v{i:06d}", recursive=True)
-        for v in (1 + i, 1000 + i):
+        for v in (1 + i, 1000 + i, 2000 + i):
             storage.delete(keys.checkpoint_dir(v), recursive=True)
         storage.delete(keys.LATEST_KEY)
 
@@ -218,25 +241,44 @@ def bench_checkpoints(
     def ours_fetch(i: int) -> None:
         store.fetch(5000, scratch / f"cache-{i}")
 
-    def cleanup_fetch(name: str, i: int) -> None:
-        shutil.rmtree(scratch / f"raw-fetch-{i}", ignore_errors=True)
-        shutil.rmtree(scratch / f"cache-{i}", ignore_errors=True)
+    def ours_verified_dir(i: int) -> None:
+        store.verified_dir(5000, scratch / f"vcache-{i}")
 
-    fet = interleaved({"ours": ours_fetch, "raw": raw_fetch}, reps, teardown=cleanup_fetch)
+    def cleanup_fetch(name: str, i: int) -> None:
+        for d in (f"raw-fetch-{i}", f"cache-{i}", f"vcache-{i}"):
+            shutil.rmtree(scratch / d, ignore_errors=True)
+
+    fet = interleaved(
+        {"ours": ours_fetch, "raw": raw_fetch, "ours_verified_dir": ours_verified_dir},
+        reps,
+        teardown=cleanup_fetch,
+    )
     storage.delete(src_key, recursive=True)
 
-    figures = {"publish_vs_raw": ratio(pub, "ours", "raw"), "fetch_vs_raw": ratio(fet, "ours", "raw")}
+    figures = {
+        "publish_vs_raw": ratio(pub, "ours", "raw"),
+        "fetch_vs_raw": ratio(fet, "ours", "raw"),
+        "verified_dir_vs_raw": ratio(fet, "ours_verified_dir", "raw"),
+    }
     if local:
         figures["publish_copy_vs_raw"] = ratio(pub, "ours_copy", "raw")
-    return figures, {"publish_s": pub, "fetch_s": fet, "checkpoint_bytes": nbytes, "files": sorted(ref.files)}
+        figures["publish_saved_dir_vs_raw"] = ratio(pub, "ours_saved_dir", "raw")
+    return figures, {
+        "publish_s": pub,
+        "fetch_s": fet,
+        "checkpoint_bytes": nbytes,
+        "files": sorted(ref.files),
+        "hash": ref.hash_algo,
+    }
 
 
-def sha256_throughput() -> float:
+def hash_throughput(algo: str) -> float:
+    """MB/s of one hasher over 64 MiB in memory (one core)."""
     data = os.urandom(64 * 2**20)
-    hashlib.sha256(data)
+    new_hasher(algo).update(data)
     t0 = time.perf_counter()
     for _ in range(4):
-        hashlib.sha256(data).digest()
+        new_hasher(algo).update(data)
     return 4 * 64 / (time.perf_counter() - t0)
 
 
@@ -262,7 +304,7 @@ def main() -> None:
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
-        "sha256_MBps": round(sha256_throughput()),
+        "hash_MBps": {a: round(hash_throughput(a)) for a in ("sha256", "blake3")},
         "model_params": n_params,
         "shard_reps": shard_reps,
         "ckpt_reps": ckpt_reps,
@@ -287,10 +329,11 @@ def main() -> None:
                     figures[f"ckpt_{k}{suffix}"] = cf[k]
                 for k in ("write_vs_raw_io", "read_vs_raw_io"):
                     details.setdefault("extra_figures", {})[f"shard_{k}{suffix}"] = f[k]
-                if "publish_copy_vs_raw" in cf:
-                    details.setdefault("extra_figures", {})["ckpt_publish_copy_vs_raw"] = cf[
-                        "publish_copy_vs_raw"
-                    ]
+                extra = details.setdefault("extra_figures", {})
+                extra[f"ckpt_verified_dir_vs_raw{suffix}"] = cf["verified_dir_vs_raw"]
+                for k in ("publish_copy_vs_raw", "publish_saved_dir_vs_raw"):
+                    if k in cf:
+                        extra[f"ckpt_{k}"] = cf[k]
     extras = details.pop("extra_figures", {})
     figures.update(extras)
     details["medians_s"] = {

@@ -1,21 +1,27 @@
-"""`CheckpointStore`: publish, resolve, fetch (verified), acknowledge and garbage-collect HF checkpoints.
+"""`CheckpointStore`: publish, resolve, verify (in place or into a cache), acknowledge and GC HF checkpoints.
 
 Protocol for version N (keys in `storage.keys`):
 
-1. every file of the save_pretrained dir goes to `checkpoints/v{N:06d}/...`, hashed on the way;
-2. `COMMIT.json` ({format, version, step, files: {name: {size, sha256}}, meta, created_at}) is written
-   LAST with an exclusive put: the checkpoint exists iff COMMIT.json does;
-3. `checkpoints/LATEST` ({"version": N, "path": uri}) is replaced, unless it already names a newer version.
+1. every file of the save_pretrained dir goes to `checkpoints/v{N:06d}/...`, hashed as it is written
+   (the trainer hashes the bytes it serializes and hands the digests to `publish`; otherwise the upload
+   or copy hashes on the way);
+2. `COMMIT.json` ({format, version, step, hash, files: {name: {size, <hash>}}, meta, created_at}) is
+   written LAST with an exclusive put: the checkpoint exists iff COMMIT.json does. `hash` names the
+   algorithm ("blake3" by default, "sha256" in format-1 files, which have no `hash` field);
+3. `checkpoints/LATEST` ({"version": N, "path": uri}) is replaced, unless it already names a newer
+   version, and every watcher in this process that `subscribe`d to the trial is woken.
 
 Readers never see a half-written checkpoint: `resolve_latest` returns only committed versions (falling
-back to the newest committed one, with a warning, if LATEST names an uncommitted version), and `fetch`
-verifies the size and sha256 of every file into a temp dir that is renamed into the cache only when all
-files match. Servers `ack(N, server_id)` the version they serve.
+back to the newest committed one, with a warning, if LATEST names an uncommitted version). Before
+every load the size and digest of every file are checked against COMMIT.json: `verified_dir` checks a
+local root's files in place (nothing is copied) and downloads an S3 checkpoint into a cache (hashing
+while downloading); `fetch` always makes a verified private copy.
 
-GC rule: keep the newest `keep_last` committed versions, and never delete a version >= the oldest
-version a live server serves, where that floor is min over servers of each server's latest ack (acks
-older than `ack_ttl_s` are treated as dead servers, if a ttl is set). Deletion removes COMMIT.json first,
-so a version is never committed-but-partial.
+GC rule: keep the newest `keep_last` committed versions, and never delete a version >= the floor, the
+minimum over servers of each server's latest ack (acks older than `ack_ttl_s` count as dead servers, if
+a ttl is set). A watcher acks N as "loading" BEFORE it verifies or loads N, so the floor covers what is
+being loaded, and GC re-checks a victim's acks just before deleting it. Deletion removes COMMIT.json
+first, so a version is never committed-but-partial.
 
 What this is NOT: a model loader (transformers does that) or a weight-update driver (the watcher is).
 """
@@ -29,12 +35,15 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
+import weakref
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from storage import keys
 from storage.errors import (
@@ -44,15 +53,19 @@ from storage.errors import (
     StorageError,
 )
 from storage.fs import TMP_MARKER, Storage
-from storage.transfer import FileDigest, hash_file
+from storage.transfer import HASH_ALGOS, FileDigest, default_hash_algo, hash_file
 
 logger = logging.getLogger(__name__)
 
-COMMIT_FORMAT = 1
+COMMIT_FORMAT = 2  # 1: sha256 only, no "hash" field; 2: "hash" names the algorithm
 VERIFIED_MARKER = ".rollflow-verified.json"
 _COMMIT_RE = re.compile(r"^checkpoints/v(\d{6,})/COMMIT\.json$")
 _ACK_RE = re.compile(r"^checkpoints/v(\d{6,})/acks/([^/]+)\.json$")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+
+# In-process wake-ups: trial root URI -> events of the watchers subscribed to it (see `subscribe`).
+_WAKE_LOCK = threading.Lock()
+_WAKE: dict[str, weakref.WeakSet[threading.Event]] = {}
 
 
 @dataclass
@@ -62,9 +75,10 @@ class CheckpointRef:
     version: int
     step: int | None
     uri: str  # checkpoint dir URI (absolute path on posix), no credentials
-    files: dict[str, dict[str, Any]]  # relative name -> {"size": int, "sha256": hex}
+    files: dict[str, dict[str, Any]]  # relative name -> {"size": int, <hash_algo>: hex}
     created_at: float
     meta: dict[str, Any] = field(default_factory=dict)
+    hash_algo: str = "sha256"
 
 
 def _parse_commit(raw: bytes, version: int) -> dict[str, Any]:
@@ -75,17 +89,25 @@ def _parse_commit(raw: bytes, version: int) -> dict[str, Any]:
         raise CheckpointIntegrityError(keys.CHECKPOINT_COMMIT_NAME, f"not JSON: {e}") from None
     if not isinstance(doc, dict) or doc.get("version") != version or not isinstance(doc.get("files"), dict):
         raise CheckpointIntegrityError(keys.CHECKPOINT_COMMIT_NAME, f"malformed for version {version}")
+    algo = _algo(doc)
+    if algo not in HASH_ALGOS:
+        raise CheckpointIntegrityError(keys.CHECKPOINT_COMMIT_NAME, f"unknown hash algorithm {algo!r}")
     for name, info in doc["files"].items():
         ok = (
             isinstance(info, dict)
             and isinstance(info.get("size"), int)
-            and isinstance(info.get("sha256"), str)
-            and _SHA256_RE.match(info["sha256"])
+            and isinstance(info.get(algo), str)
+            and _HEX64_RE.match(info[algo])
         )
         parts = name.split("/")
         if not ok or any(p in ("", ".", "..") for p in parts):
             raise CheckpointIntegrityError(name, "bad entry in COMMIT.json")
     return doc
+
+
+def _algo(doc: Mapping[str, Any]) -> str:
+    """The digest algorithm of a COMMIT.json document (format 1 predates the field: sha256)."""
+    return str(doc.get("hash", "sha256"))
 
 
 def _local_files(local_dir: Path) -> list[str]:
@@ -100,18 +122,37 @@ def _local_files(local_dir: Path) -> list[str]:
     return sorted(out)
 
 
-class CheckpointStore:
-    """Checkpoints of one trial on a `Storage`."""
+def _check_digest(name: str, got: FileDigest, expect: Mapping[str, Any], algo: str) -> None:
+    if got.size != expect["size"]:
+        raise CheckpointIntegrityError(name, f"size {got.size} != {expect['size']} in COMMIT.json")
+    if got.algo != algo or got.digest != expect[algo]:
+        raise CheckpointIntegrityError(
+            name, f"{algo} {got.digest[:16]}... != {expect[algo][:16]}... in COMMIT.json"
+        )
 
-    def __init__(self, storage: Storage, *, ack_ttl_s: float | None = None, max_workers: int = 4) -> None:
+
+class CheckpointStore:
+    """Checkpoints of one trial on a `Storage`. `hash_algo`: what new commits record (default blake3)."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        ack_ttl_s: float | None = None,
+        max_workers: int = 4,
+        hash_algo: str | None = None,
+    ) -> None:
         self.storage = storage
         self.ack_ttl_s = ack_ttl_s
         self.max_workers = max_workers
+        self.hash_algo = hash_algo or default_hash_algo()
+        if self.hash_algo not in HASH_ALGOS:
+            raise ValueError(f"hash_algo must be one of {HASH_ALGOS}, got {self.hash_algo!r}")
 
     # --- publish ------------------------------------------------------------------------------------------
 
     def staging_dir(self, version: int) -> Path | None:
-        """On a posix root: the final dir of `version`, for `save_pretrained` to write into directly
+        """On a posix root: the final dir of `version`, for the trainer to write into directly
         (zero-copy publish; invisible until COMMIT.json). Leftovers of a crashed attempt are removed.
         On S3: None (save to a local temp dir and `publish` it).
         """
@@ -133,9 +174,13 @@ class CheckpointStore:
         *,
         step: int | None = None,
         meta: dict[str, Any] | None = None,
+        digests: Mapping[str, FileDigest] | None = None,
     ) -> CheckpointRef:
         """Upload every file of `local_dir`, then COMMIT.json, then replace LATEST. Idempotent.
 
+        `digests`: size + digest of files the caller hashed while writing them (of `hash_algo`; others
+        are ignored). In place on a posix root they are used as they are, so those files are never read
+        again; an upload still hashes on the way and must agree with them. Files without one are hashed.
         Re-publishing identical files is a no-op; different files for a committed version raise
         CommitConflictError. LATEST never moves backwards (publishing an older version leaves it).
         """
@@ -148,11 +193,12 @@ class CheckpointStore:
         for n in names:
             if n == keys.CHECKPOINT_COMMIT_NAME or n.startswith("acks/"):
                 raise StorageError(f"checkpoint dir holds reserved name {n!r}")
+        known = {n: d for n, d in (digests or {}).items() if d.algo == self.hash_algo and n in names}
         ck_dir = keys.checkpoint_dir(version)
         commit_key = keys.checkpoint_commit_key(version)
         if self.storage.exists(commit_key):
             existing = _parse_commit(self.storage.get_bytes(commit_key), version)
-            self._check_same(existing, self._hash_local(local_dir, names), version)
+            self._check_same(existing, local_dir, names, known, version)
             logger.info("checkpoint v%06d already committed with the same files", version)
             self._advance_latest(version)
             return self._ref(existing)
@@ -160,14 +206,19 @@ class CheckpointStore:
         t0 = time.perf_counter()
         in_place = self.storage.local_path(ck_dir)
         if in_place is not None and in_place.resolve() == local_dir.resolve():
-            digests = self._hash_local(local_dir, names)
+            found = self._hash_local(local_dir, [n for n in names if n not in known], self.hash_algo)
+            found.update({n: known[n] for n in names if n in known})
+            for n, d in known.items():  # a cheap guard against a wrong caller: the size must agree
+                if (local_dir / n).stat().st_size != d.size:
+                    raise StorageError(f"{n}: size on disk differs from the digest handed to publish")
         else:
-            digests = self._upload(local_dir, names, ck_dir)
-        files = {n: {"size": d.size, "sha256": d.sha256} for n, d in sorted(digests.items())}
+            found = self._upload(local_dir, names, ck_dir, known)
+        files = {n: {"size": d.size, self.hash_algo: d.digest} for n, d in sorted(found.items())}
         doc = {
             "format": COMMIT_FORMAT,
             "version": version,
             "step": step,
+            "hash": self.hash_algo,
             "files": files,
             "meta": meta or {},
             "created_at": time.time(),
@@ -176,7 +227,7 @@ class CheckpointStore:
             self.storage.put_json(commit_key, doc, exclusive=True)
         except CommitConflictError:  # a concurrent or retried publish got there first
             existing = _parse_commit(self.storage.get_bytes(commit_key), version)
-            self._check_same(existing, digests, version)
+            self._check_same(existing, local_dir, names, found, version)
             doc = existing
         self._advance_latest(version)
         size = sum(f["size"] for f in files.values())
@@ -189,23 +240,41 @@ class CheckpointStore:
         )
         return self._ref(doc)
 
-    def _hash_local(self, local_dir: Path, names: list[str]) -> dict[str, FileDigest]:
+    def _hash_local(self, local_dir: Path, names: list[str], algo: str) -> dict[str, FileDigest]:
+        if not names:
+            return {}
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-            return dict(zip(names, pool.map(lambda n: hash_file(local_dir / n), names), strict=True))
+            return dict(zip(names, pool.map(lambda n: hash_file(local_dir / n, algo), names), strict=True))
 
-    def _upload(self, local_dir: Path, names: list[str], ck_dir: str) -> dict[str, FileDigest]:
+    def _upload(
+        self, local_dir: Path, names: list[str], ck_dir: str, known: Mapping[str, FileDigest]
+    ) -> dict[str, FileDigest]:
+        def put(n: str) -> FileDigest:
+            d = self.storage.put_file(local_dir / n, f"{ck_dir}/{n}", algo=self.hash_algo)
+            if n in known and (known[n].size, known[n].digest) != (d.size, d.digest):
+                raise StorageError(f"{n} changed between writing and upload (digest differs)")
+            return d
+
         biggest_first = sorted(names, key=lambda n: -(local_dir / n).stat().st_size)
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-            futures = {
-                n: pool.submit(self.storage.put_file, local_dir / n, f"{ck_dir}/{n}") for n in biggest_first
-            }
+            futures = {n: pool.submit(put, n) for n in biggest_first}
             return {n: f.result() for n, f in futures.items()}
 
-    @staticmethod
-    def _check_same(existing: dict[str, Any], digests: dict[str, FileDigest], version: int) -> None:
-        ours = {n: {"size": d.size, "sha256": d.sha256} for n, d in digests.items()}
-        theirs = {n: {"size": f["size"], "sha256": f["sha256"]} for n, f in existing["files"].items()}
-        if ours != theirs:
+    def _check_same(
+        self,
+        existing: dict[str, Any],
+        local_dir: Path,
+        names: list[str],
+        ours: Mapping[str, FileDigest],
+        version: int,
+    ) -> None:
+        """CommitConflictError unless `local_dir` holds exactly the committed files (in the commit's algo)."""
+        algo = _algo(existing)
+        have = {n: d for n, d in ours.items() if d.algo == algo}
+        have.update(self._hash_local(local_dir, [n for n in names if n not in have], algo))
+        mine = {n: (d.size, d.digest) for n, d in have.items()}
+        theirs = {n: (f["size"], f[algo]) for n, f in existing["files"].items()}
+        if mine != theirs:
             raise CommitConflictError(
                 f"checkpoint v{version:06d} is already committed with different files; versions are immutable"
             )
@@ -227,6 +296,42 @@ class CheckpointStore:
         self.storage.put_json(
             keys.LATEST_KEY, {"version": version, "path": self.storage.uri(keys.checkpoint_dir(version))}
         )
+        with _WAKE_LOCK:
+            waiting = list(_WAKE.get(self.storage.root_uri, ()))
+        for ev in waiting:
+            ev.set()
+
+    # --- watching LATEST ----------------------------------------------------------------------------------
+
+    def subscribe(self) -> threading.Event:
+        """An event that is set whenever this process moves LATEST of this trial forward (from any
+        `CheckpointStore` on the same root): the in-process wake-up of a watcher whose trainer runs in
+        the same process. Clear it before reading LATEST, then wait on it. Held weakly here.
+        """
+        ev = threading.Event()
+        with _WAKE_LOCK:
+            _WAKE.setdefault(self.storage.root_uri, weakref.WeakSet()).add(ev)
+        return ev
+
+    def latest_token(self) -> tuple[int, int, int] | None:
+        """A cheap fingerprint of LATEST that changes when it is replaced: one stat on a posix root
+        ((inode, size, mtime_ns); (0, 0, 0) while absent); None on S3, where a request is not cheap.
+        """
+        path = self.storage.local_path(keys.LATEST_KEY)
+        if path is None:
+            return None
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return (0, 0, 0)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def latest_version(self) -> int | None:
+        """The version LATEST names (one small read), committed or not; None if absent or malformed."""
+        try:
+            return int(self.storage.get_json(keys.LATEST_KEY)["version"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
 
     # --- resolve ------------------------------------------------------------------------------------------
 
@@ -239,15 +344,19 @@ class CheckpointStore:
             files={n: dict(f) for n, f in doc["files"].items()},
             created_at=float(doc.get("created_at", 0.0)),
             meta=dict(doc.get("meta") or {}),
+            hash_algo=_algo(doc),
         )
 
-    def get(self, version: int) -> CheckpointRef:
-        """The committed checkpoint `version`; CheckpointNotFoundError if it has no COMMIT.json."""
+    def _commit_doc(self, version: int) -> tuple[bytes, dict[str, Any]]:
         try:
             raw = self.storage.get_bytes(keys.checkpoint_commit_key(version))
         except FileNotFoundError:
             raise CheckpointNotFoundError(f"no committed checkpoint v{version:06d}") from None
-        return self._ref(_parse_commit(raw, version))
+        return raw, _parse_commit(raw, version)
+
+    def get(self, version: int) -> CheckpointRef:
+        """The committed checkpoint `version`; CheckpointNotFoundError if it has no COMMIT.json."""
+        return self._ref(self._commit_doc(version)[1])
 
     def list_committed(self) -> list[int]:
         """Versions that have a COMMIT.json, ascending."""
@@ -276,21 +385,61 @@ class CheckpointStore:
         committed = self.list_committed()
         return self.get(committed[-1]) if committed else None
 
-    # --- fetch --------------------------------------------------------------------------------------------
+    # --- verify / fetch -----------------------------------------------------------------------------------
+
+    def verified_dir(self, version: int, cache_dir: str | Path) -> Path:
+        """A local directory of `version` whose every file was just checked against COMMIT.json.
+
+        Posix root: the checkpoint's own directory, verified in place (nothing is copied; files that
+        COMMIT.json does not list are refused too, so a loader cannot pick up an unverified file).
+        S3: `fetch` into `cache_dir`. Raises CheckpointNotFoundError or CheckpointIntegrityError.
+        """
+        if not self.storage.is_local:
+            return self.fetch(version, cache_dir)
+        _, doc = self._commit_doc(version)
+        path = self.storage.local_path(keys.checkpoint_dir(version))
+        assert path is not None
+        t0 = time.perf_counter()
+        algo = _algo(doc)
+        extra = [
+            n
+            for n in _local_files(path)
+            if n != keys.CHECKPOINT_COMMIT_NAME and not n.startswith("acks/") and n not in doc["files"]
+        ]
+        if extra:
+            raise CheckpointIntegrityError(extra[0], "not listed in COMMIT.json")
+
+        def check(name: str) -> None:
+            expect = doc["files"][name]
+            try:
+                if (path / name).stat().st_size != expect["size"]:  # cheap early refusal
+                    raise CheckpointIntegrityError(name, f"size differs from {expect['size']} in COMMIT.json")
+                _check_digest(name, hash_file(path / name, algo), expect, algo)
+            except FileNotFoundError:
+                raise CheckpointIntegrityError(name, "missing from storage") from None
+
+        names = sorted(doc["files"], key=lambda n: -doc["files"][n]["size"])
+        if len(names) == 1 or self.max_workers == 1:
+            for n in names:
+                check(n)
+        else:
+            with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+                for f in [pool.submit(check, n) for n in names]:
+                    f.result()
+        logger.debug(
+            "verified checkpoint v%06d in place (%s) in %.3fs", version, algo, time.perf_counter() - t0
+        )
+        return path
 
     def fetch(self, version: int, cache_dir: str | Path) -> Path:
-        """Download `version` into `cache_dir/v{N:06d}`, verifying size + sha256 of every file.
+        """Download `version` into `cache_dir/v{N:06d}`, verifying size + digest of every file.
 
-        Reuses the cache dir when its verified marker matches COMMIT.json. Files go to a temp dir that
-        is renamed into place only after all verify, so a half-downloaded dir is never returned.
+        A private copy, also on a posix root (use `verified_dir` to skip the copy there). Reuses the
+        cache dir when its verified marker matches COMMIT.json. Files go to a temp dir that is renamed
+        into place only after all verify, so a half-downloaded dir is never returned.
         Raises CheckpointNotFoundError (not committed) or CheckpointIntegrityError (naming the file).
         """
-        commit_key = keys.checkpoint_commit_key(version)
-        try:
-            raw = self.storage.get_bytes(commit_key)
-        except FileNotFoundError:
-            raise CheckpointNotFoundError(f"no committed checkpoint v{version:06d}") from None
-        doc = _parse_commit(raw, version)
+        raw, doc = self._commit_doc(version)
         commit_sha = hashlib.sha256(raw).hexdigest()
         cache_dir = Path(cache_dir)
         dest = cache_dir / keys.version_dir_name(version)
@@ -303,10 +452,12 @@ class CheckpointStore:
         try:
             t0 = time.perf_counter()
             ck_dir = keys.checkpoint_dir(version)
+            algo = _algo(doc)
             names = sorted(doc["files"], key=lambda n: -doc["files"][n]["size"])
             with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
                 futs = [
-                    pool.submit(self._fetch_one, f"{ck_dir}/{n}", tmp / n, n, doc["files"][n]) for n in names
+                    pool.submit(self._fetch_one, f"{ck_dir}/{n}", tmp / n, n, doc["files"][n], algo)
+                    for n in names
                 ]
                 for f in futs:
                     f.result()
@@ -317,19 +468,14 @@ class CheckpointStore:
             shutil.rmtree(tmp, ignore_errors=True)
         return dest
 
-    def _fetch_one(self, key: str, target: Path, name: str, expect: dict[str, Any]) -> None:
+    def _fetch_one(self, key: str, target: Path, name: str, expect: dict[str, Any], algo: str) -> None:
         # Always a real copy: a hard link would let anyone writing into the cache corrupt the store.
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            digest = self.storage.get_file(key, target, size=expect["size"])
+            digest = self.storage.get_file(key, target, size=expect["size"], algo=algo)
         except FileNotFoundError:
             raise CheckpointIntegrityError(name, "missing from storage") from None
-        if digest.size != expect["size"]:
-            raise CheckpointIntegrityError(name, f"size {digest.size} != {expect['size']} in COMMIT.json")
-        if digest.sha256 != expect["sha256"]:
-            raise CheckpointIntegrityError(
-                name, f"sha256 {digest.sha256[:16]}... != {expect['sha256'][:16]}... in COMMIT.json"
-            )
+        _check_digest(name, digest, expect, algo)
 
     @staticmethod
     def _cache_ok(dest: Path, doc: dict[str, Any], commit_sha: str) -> bool:
@@ -361,21 +507,28 @@ class CheckpointStore:
 
     # --- acks and gc --------------------------------------------------------------------------------------
 
-    def ack(self, version: int, server_id: str) -> None:
-        """Record that `server_id` now serves `version`."""
+    def ack(self, version: int, server_id: str, *, state: Literal["loading", "serving"] = "serving") -> None:
+        """Record that `server_id` serves `version`, or (state="loading") is about to verify and load it."""
         self.storage.put_json(
             keys.ack_key(version, server_id),
-            {"server_id": server_id, "version": version, "acked_at": time.time()},
+            {"server_id": server_id, "version": version, "state": state, "acked_at": time.time()},
         )
+
+    def retract_ack(self, version: int, server_id: str) -> None:
+        """Delete `server_id`'s ack of `version` (a "loading" ack whose load failed). Idempotent."""
+        self.storage.delete(keys.ack_key(version, server_id))
 
     def acks(self) -> dict[str, int]:
         """Latest acked version per live server (servers whose latest ack is older than ack_ttl_s are dropped)."""
+        return self._live_acks([k for k in self.storage.list(keys.CHECKPOINT_DIR) if _ACK_RE.match(k)])
+
+    def _live_acks(self, ack_keys: list[str]) -> dict[str, int]:
         latest: dict[str, int] = {}
-        for k in self.storage.list(keys.CHECKPOINT_DIR):
+        for k in ack_keys:
             m = _ACK_RE.match(k)
-            if m:
-                v, server = int(m.group(1)), m.group(2)
-                latest[server] = max(v, latest.get(server, -1))
+            assert m is not None
+            v, server = int(m.group(1)), m.group(2)
+            latest[server] = max(v, latest.get(server, -1))
         if self.ack_ttl_s is None:
             return latest
         now = time.time()
@@ -392,15 +545,18 @@ class CheckpointStore:
     def gc(self, keep_last: int) -> list[int]:
         """Delete old versions per the GC rule (module docstring); returns the deleted versions.
 
-        Also removes uncommitted (abandoned) version dirs older than every kept version.
+        Also removes uncommitted (abandoned) version dirs older than every kept version. A committed
+        victim that gained an ack after the floor was computed (a watcher began loading it) is kept.
         """
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-        committed = self.list_committed()
+        listing = self.storage.list(keys.CHECKPOINT_DIR)
+        committed = sorted(int(m.group(1)) for k in listing if (m := _COMMIT_RE.match(k)))
         if not committed:
             return []
+        seen_acks = [k for k in listing if _ACK_RE.match(k)]
         keep = set(committed[-keep_last:])
-        served = self.acks()
+        served = self._live_acks(seen_acks)
         floor = min(served.values()) if served else None
         oldest_kept = min(keep)
         victims = [v for v in committed if v not in keep and (floor is None or v < floor)]
@@ -409,14 +565,20 @@ class CheckpointStore:
             v = keys.parse_version_dir(d)
             if v is not None and v not in committed_set and v < oldest_kept and (floor is None or v < floor):
                 victims.append(v)
+        deleted = []
+        seen = set(seen_acks)
         for v in sorted(victims):
+            if v in committed_set and any(k not in seen for k in self.storage.list(keys.ack_dir(v))):
+                logger.info("checkpoint gc: keeping v%06d, a server acked it meanwhile", v)
+                continue
             self.storage.delete(keys.checkpoint_commit_key(v))  # un-commit first
             self.storage.delete(keys.checkpoint_dir(v), recursive=True)
-        if victims:
+            deleted.append(v)
+        if deleted:
             logger.info(
-                "checkpoint gc: deleted %s (keep_last=%d, served floor=%s)", sorted(victims), keep_last, floor
+                "checkpoint gc: deleted %s (keep_last=%d, served floor=%s)", deleted, keep_last, floor
             )
-        return sorted(victims)
+        return deleted
 
     # --- trainer done marker ------------------------------------------------------------------------------
 

@@ -463,25 +463,33 @@ class Storage:
     # --- files --------------------------------------------------------------------------------------------
 
     @_scrubbing
-    def put_file(self, local_path: str | Path, key: str) -> FileDigest:
-        """Atomically upload a local file to `key`, returning its size and sha256 (hashed on the way)."""
+    def put_file(self, local_path: str | Path, key: str, *, algo: str = "sha256") -> FileDigest:
+        """Atomically upload a local file to `key`, returning its size and digest (hashed on the way)."""
         path = self._path(key)
         if self.is_local:
             with self._local_tmp(path) as tmp:
                 with open(local_path, "rb", buffering=0) as src, open(tmp, "wb", buffering=0) as dst:
-                    digest = copy_hashed(src, dst, self.chunk_size)
+                    digest = copy_hashed(src, dst, self.chunk_size, algo)
                     if self.fsync:
                         os.fsync(dst.fileno())
                 self._publish_tmp(tmp, path, key, exclusive=False)
             return digest
         bucket, obj = self._bucket_key(key)
         return upload_hashed(
-            self.fs, local_path, bucket, obj, chunk_size=self.chunk_size, concurrency=self.max_concurrency
+            self.fs,
+            local_path,
+            bucket,
+            obj,
+            chunk_size=self.chunk_size,
+            concurrency=self.max_concurrency,
+            algo=algo,
         )
 
     @_scrubbing
-    def get_file(self, key: str, local_path: str | Path, *, size: int | None = None) -> FileDigest:
-        """Download `key` to `local_path` (temp + rename), returning size and sha256 (hashed on the way).
+    def get_file(
+        self, key: str, local_path: str | Path, *, size: int | None = None, algo: str = "sha256"
+    ) -> FileDigest:
+        """Download `key` to `local_path` (temp + rename), returning size and digest (hashed on the way).
 
         `size`, if known, saves a HEAD request on S3. FileNotFoundError if `key` is absent.
         """
@@ -494,9 +502,11 @@ class Storage:
             with open(tmp, "wb", buffering=0) as dst:
                 if self.is_local:
                     with open(path, "rb", buffering=0) as src:
-                        digest = copy_hashed(src, dst, self.chunk_size)
+                        digest = copy_hashed(src, dst, self.chunk_size, algo)
                 else:
-                    digest = download_hashed(self.fs, path, dst, size=size, chunk_size=self.chunk_size)
+                    digest = download_hashed(
+                        self.fs, path, dst, size=size, chunk_size=self.chunk_size, algo=algo
+                    )
             os.replace(tmp, local_path)
         finally:
             with contextlib.suppress(FileNotFoundError):

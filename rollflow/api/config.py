@@ -402,7 +402,18 @@ class InferenceConfig:
         default=4096, metadata=_help("Remembered rid -> server assignments (multi-turn affinity).")
     )
     poll_interval_s: float = field(
-        default=1.0, metadata=_help("How often the checkpoint watcher polls LATEST.")
+        default=1.0,
+        metadata=_help(
+            "How often the checkpoint watcher reads LATEST in full (on S3: its request rate). An in-process"
+            " publish (embedded mode) wakes it at once."
+        ),
+    )
+    local_poll_interval_s: float = field(
+        default=0.02,
+        metadata=_help(
+            "Local storage root: the watcher stats checkpoints/LATEST this often between full polls (one"
+            " syscall), so a version published by another process is seen within it. 0 = off."
+        ),
     )
     initial_weight_version: str = field(
         default="0",
@@ -435,6 +446,7 @@ class InferenceConfig:
         _check(self.request_timeout_s > 0, "inference.request_timeout_s", "must be > 0")
         _check(self.max_retries >= 0, "inference.max_retries", "must be >= 0")
         _check(self.poll_interval_s > 0, "inference.poll_interval_s", "must be > 0")
+        _check(self.local_poll_interval_s >= 0, "inference.local_poll_interval_s", "must be >= 0 (0 = off)")
         _check(self.max_batch_size >= 1, "inference.max_batch_size", "must be >= 1")
         _check(0 <= self.base_port < 65536, "inference.base_port", "must be a port number or 0")
         _check(self.initial_weight_version != "", "inference.initial_weight_version", "must not be empty")

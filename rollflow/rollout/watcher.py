@@ -1,18 +1,27 @@
-"""``CheckpointWatcher``: polls ``checkpoints/LATEST`` and hot-loads each new version into its servers.
+"""``CheckpointWatcher``: watches ``checkpoints/LATEST`` and hot-loads each new version into its servers.
 
 What it is: the piece beside the inference servers that turns a published checkpoint into served
 weights. Each poll, in this order:
 
-1. ``store.resolve_latest()``; nothing newer than what the servers serve -> done;
-2. ``store.fetch(N, cache_dir)`` downloads and verifies (size + sha256) into the local cache **while the
-   servers keep generating**;
-3. per server (in parallel): skip if ``/get_model_info`` already reports ``weight_version == str(N)``;
+1. ``store.latest_version()`` (one small read); not newer than what the servers serve -> done; else
+   ``store.resolve_latest()`` (LATEST + COMMIT.json);
+2. ``store.ack(N, server_id, state="loading")`` for every server, so GC keeps N while it is loaded;
+3. ``store.verified_dir(N, cache_dir)`` checks size + digest of every file against COMMIT.json **while
+   the servers keep generating**: in place on a local root (nothing copied), downloaded into the cache
+   (hashing on the way) on S3, or always into the cache with ``in_place=False``;
+4. per server (in parallel): skip if ``/get_model_info`` already reports ``weight_version == str(N)``;
    else ``/pause_generation {"mode": "abort"}`` (in-flight requests return their partial output; the client
-   resumes them), ``/update_weights_from_disk {"model_path": <cache dir>, "weight_version": "N"}``, and
+   resumes them), ``/update_weights_from_disk {"model_path": <verified dir>, "weight_version": "N"}``, and
    ``/continue_generation`` (always, also after a failed update);
-4. ``store.ack(N, server_id)`` for each server now serving N, then ``on_update(N)`` once all do.
+5. ``store.ack(N, server_id)`` for each server now serving N (a failed one's "loading" ack is retracted),
+   then ``on_update(N)`` once all do.
 
-So generation stops only for the load itself (``pause_s``), never for the trainer's save or the download.
+When it polls: a full poll every ``poll_interval_s`` (on S3 that bounds the request rate), and sooner
+when (a) a trainer in this process moves LATEST (``store.subscribe()``: the embedded mode, where trainer
+and watcher are threads of one process, sees a publish at once), or (b) on a local root, a stat of
+LATEST every ``local_poll_interval_s`` shows that it was replaced (a sidecar or another process).
+
+So generation stops only for the load itself (``pause_s``), never for the trainer's save or the verification.
 Records ``publish_to_serving_s`` (COMMIT.json's ``created_at`` -> all servers serve N) and ``pause_s`` in
 ``events`` and the metrics sink. A corrupt or missing checkpoint, or a server refusing the weights, is
 logged and recorded as an ``error`` event; the old version keeps serving and the version is retried on
@@ -22,7 +31,8 @@ version is tried at once.
 Runs as a thread in the rollout process (``start()`` / ``stop()``) or as a sidecar next to SGLang::
 
     python -m rollflow.rollout.watcher --storage-root s3://bucket/runs --experiment E --trial T \\
-        --servers 127.0.0.1:30000[,host:port...] [--cache-dir /ckpt-cache] [--poll-interval-s 1]
+        --servers 127.0.0.1:30000[,host:port...] [--cache-dir /ckpt-cache] [--poll-interval-s 1] \\
+        [--local-poll-interval-s 0.02] [--no-in-place]
     # API key from $ROLLFLOW_INFERENCE_API_KEY; S3 credentials from the AWS_* variables
 
 What it is not: no generation, no GC of storage (the trainer's ``CheckpointStore.gc`` uses the acks).
@@ -68,11 +78,23 @@ _VERSION_DIR = re.compile(r"^v(\d{6,})$")
 class CheckpointSource(Protocol):
     """What the watcher needs from ``storage.checkpoints.CheckpointStore``."""
 
+    def latest_version(self) -> int | None: ...  # what LATEST names (one small read)
+
     def resolve_latest(self) -> Any | None: ...  # an object with .version: int and .created_at: float
 
-    def fetch(self, version: int, cache_dir: str | Path) -> Path: ...
+    def latest_token(self) -> Any | None: ...  # cheap fingerprint of LATEST; None where there is none
 
-    def ack(self, version: int, server_id: str) -> None: ...
+    def subscribe(self) -> threading.Event: ...  # set when this process moves LATEST forward
+
+    def verified_dir(self, version: int, cache_dir: str | Path) -> Path: ...  # in place where possible
+
+    def fetch(self, version: int, cache_dir: str | Path) -> Path: ...  # always a verified private copy
+
+    def ack(
+        self, version: int, server_id: str, *, state: Literal["loading", "serving"] = "serving"
+    ) -> None: ...
+
+    def retract_ack(self, version: int, server_id: str) -> None: ...
 
 
 @dataclass
@@ -81,7 +103,7 @@ class WatcherEvent:
     version: int
     at: float  # wall clock (time.time())
     publish_to_serving_s: float | None = None
-    fetch_s: float | None = None
+    fetch_s: float | None = None  # verifying (in place) or fetching + verifying (into the cache)
     pause_s: float | None = None  # longest pause over the servers
     servers: list[str] = field(default_factory=list)
     message: str = ""
@@ -106,6 +128,8 @@ class CheckpointWatcher:
         *,
         cache_dir: str | Path,
         poll_interval_s: float = 1.0,
+        local_poll_interval_s: float = 0.02,
+        in_place: bool = True,
         api_key: str | None = None,
         server_ids: Sequence[str] | None = None,
         on_update: Callable[[int], None] | None = None,
@@ -123,6 +147,8 @@ class CheckpointWatcher:
             raise ValueError(f"{len(self.server_ids)} server_ids for {len(self.servers)} servers")
         self.cache_dir = Path(cache_dir)
         self.poll_interval_s = poll_interval_s
+        self.local_poll_interval_s = local_poll_interval_s
+        self.in_place = in_place  # False: copy into cache_dir also on a local root (servers can't see it)
         self.api_key = api_key
         self.on_update = on_update
         self.metrics: MetricsSink = metrics or NullSink()
@@ -134,6 +160,7 @@ class CheckpointWatcher:
         self._failures: dict[int, tuple[int, float]] = {}  # version -> (attempts, retry not before)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = store.subscribe()  # set by an in-process publish (and by stop())
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -147,12 +174,14 @@ class CheckpointWatcher:
         on_update: Callable[[int], None] | None = None,
         metrics: MetricsSink | None = None,
     ) -> CheckpointWatcher:
-        """``poll_interval_s``, ``api_key`` and ``weight_update_timeout_s`` from the ``inference`` section."""
+        """``poll_interval_s``, ``local_poll_interval_s``, ``api_key`` and ``weight_update_timeout_s`` from
+        the ``inference`` section."""
         return cls(
             store,
             servers,
             cache_dir=cache_dir,
             poll_interval_s=cfg.poll_interval_s,
+            local_poll_interval_s=cfg.local_poll_interval_s,
             api_key=cfg.api_key,
             on_update=on_update,
             metrics=metrics,
@@ -167,8 +196,11 @@ class CheckpointWatcher:
     # --- one poll ------------------------------------------------------------------------------------------------
 
     def poll_once(self) -> int | None:
-        """Run one poll (steps 1-4 above); returns the version now served if this poll changed it."""
+        """Run one poll (steps 1-5 above); returns the version now served if this poll changed it."""
         try:
+            hint = self.store.latest_version()
+            if hint is not None and self.serving_version is not None and hint <= self.serving_version:
+                return None  # LATEST only names committed versions and never moves back: nothing new
             ref = self.store.resolve_latest()
         except Exception as e:
             logger.warning("cannot read LATEST: %s", e)
@@ -184,21 +216,31 @@ class CheckpointWatcher:
 
         t0 = time.perf_counter()
         try:
-            local = self.store.fetch(v, self.cache_dir)
+            for sid in self.server_ids:  # before reading any file: GC keeps what is being loaded
+                self.store.ack(v, sid, state="loading")
+            if self.in_place:
+                local = self.store.verified_dir(v, self.cache_dir)
+            else:
+                local = self.store.fetch(v, self.cache_dir)
         except Exception as e:  # CheckpointIntegrityError / CheckpointNotFoundError / storage errors
+            self._retract(v, self.server_ids)
             self._fail(v, attempts, f"fetch failed: {type(e).__name__}: {e}")
             return None
         fetch_s = time.perf_counter() - t0
 
-        with ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
-            results = list(pool.map(lambda a: self._update_server(a, local, v), self.servers))
-        done = [a for a, (ok, _, _) in zip(self.servers, results, strict=True) if ok]
-        for addr, sid in zip(self.servers, self.server_ids, strict=True):
-            if addr in done:
-                try:
-                    self.store.ack(v, sid)
-                except Exception as e:
-                    logger.warning("ack of v%d for %s failed: %s", v, sid, e)
+        if len(self.servers) == 1:
+            results = [self._update_server(self.servers[0], local, v)]
+        else:
+            with ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
+                results = list(pool.map(lambda a: self._update_server(a, local, v), self.servers))
+        for sid, (ok, _, _) in zip(self.server_ids, results, strict=True):
+            if not ok:
+                self._retract(v, [sid])
+                continue
+            try:
+                self.store.ack(v, sid)
+            except Exception as e:
+                logger.warning("ack of v%d for %s failed: %s", v, sid, e)
         pause_s = max((p for ok, p, _ in results if ok), default=0.0)
         failed = [f"{a}: {msg}" for a, (ok, _, msg) in zip(self.servers, results, strict=True) if not ok]
         if failed:
@@ -259,6 +301,13 @@ class CheckpointWatcher:
         except InferenceError as e:
             return False, 0.0, str(e)
 
+    def _retract(self, v: int, server_ids: Sequence[str]) -> None:
+        for sid in server_ids:
+            try:
+                self.store.retract_ack(v, sid)
+            except Exception as e:  # the ack then only keeps v from GC a little longer
+                logger.warning("retracting the loading ack of v%d for %s failed: %s", v, sid, e)
+
     def _fail(self, v: int, attempts: int, message: str) -> None:
         delay = min(self.poll_interval_s * 2**attempts, self.max_backoff_s)
         self._failures[v] = (attempts + 1, time.monotonic() + delay)
@@ -288,14 +337,35 @@ class CheckpointWatcher:
     # --- thread ----------------------------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event | None = None) -> None:
-        """Poll until ``stop`` (or ``self.stop()``) is set; first poll at once."""
+        """Poll until ``stop`` (or ``self.stop()``) is set; first poll at once (see "When it polls")."""
         stop = stop or self._stop
         while not stop.is_set() and not self._stop.is_set():
+            self._wake.clear()  # before reading LATEST: a publish from now on wakes the next wait
+            token = self._latest_token()
             try:
                 self.poll_once()
             except Exception:
                 logger.exception("watcher poll failed")
-            stop.wait(self.poll_interval_s)
+            self._wait(stop, token)
+
+    def _latest_token(self) -> Any | None:
+        if self.local_poll_interval_s <= 0:
+            return None
+        try:
+            return self.store.latest_token()
+        except Exception:
+            return None
+
+    def _wait(self, stop: threading.Event, token: Any | None) -> None:
+        """Until the next full poll, or sooner: an in-process publish, or LATEST's stat changing."""
+        deadline = time.monotonic() + self.poll_interval_s
+        step = self.local_poll_interval_s if token is not None else self.poll_interval_s
+        while not stop.is_set() and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self._wake.wait(min(step, left)):
+                return
+            if token is not None and self._latest_token() != token:
+                return
 
     def start(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -306,6 +376,7 @@ class CheckpointWatcher:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
@@ -339,7 +410,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cache-dir", default="/tmp/rollflow-ckpt-cache", help="Local cache the servers can read."
     )
-    p.add_argument("--poll-interval-s", type=float, default=1.0)
+    p.add_argument("--poll-interval-s", type=float, default=1.0, help="Full polls of LATEST (S3 requests).")
+    p.add_argument(
+        "--local-poll-interval-s",
+        type=float,
+        default=0.02,
+        help="Local root: stat LATEST this often between full polls (0 = off).",
+    )
+    p.add_argument(
+        "--no-in-place",
+        action="store_true",
+        help="Local root: copy into --cache-dir instead of loading from the store (servers can't see it).",
+    )
     p.add_argument("--request-timeout-s", type=float, default=600.0, help="Timeout of one weight update.")
     p.add_argument(
         "--storage-options", default="{}", help="JSON fsspec options, e.g. '{\"endpoint_url\": ...}'."
@@ -366,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         servers,
         cache_dir=ns.cache_dir,
         poll_interval_s=ns.poll_interval_s,
+        local_poll_interval_s=ns.local_poll_interval_s,
+        in_place=not ns.no_in_place,
         api_key=os.environ.get(API_KEY_ENV) or None,
         server_ids=ids,
         request_timeout_s=ns.request_timeout_s,

@@ -13,6 +13,11 @@ resume point does not re-publish them with different weights).
 
 What it is not: model gathering (``distributed.full_model_state_dict``) or checkpoint GC policy (it only
 calls ``CheckpointStore.gc`` with the configured ``keep_last``).
+
+Hash while writing: the safetensors files (and the shard index) are written here from the tensors'
+own memory, and each file's digest is computed from those same buffers as they are written (in a
+helper thread), never by reading the file back. The digests go to ``publish``, which then only hashes
+the few small files transformers writes itself (config, generation config, tokenizer).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 from safetensors.torch import save_file
 
 from rollflow.api.errors import TrainerError
+from storage.transfer import FileDigest, hash_file, write_hashed
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +44,11 @@ MAX_SHARD_SIZE = "5GB"
 
 
 class CheckpointSink(Protocol):
-    """The part of ``storage.checkpoints.CheckpointStore`` the publisher uses."""
+    """The part of ``storage.checkpoints.CheckpointStore`` the publisher uses.
+
+    A sink with a ``hash_algo`` attribute (the real store) also takes ``digests=`` in ``publish``: the
+    size and digest of the files the publisher hashed while writing them.
+    """
 
     def staging_dir(self, version: int) -> Path | None: ...
 
@@ -66,6 +76,52 @@ def tied_aliases(model: torch.nn.Module) -> set[str]:
     return aliases
 
 
+# safetensors dtype names (the format's spec); anything else is written by safetensors itself.
+_ST_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}  # fmt: skip
+
+
+def write_safetensors(
+    path: Path, tensors: dict[str, torch.Tensor], *, metadata: dict[str, str], hash_algo: str | None
+) -> FileDigest | None:
+    """Write a safetensors file straight from the tensors' memory; returns its digest (``hash_algo``).
+
+    The layout is the format's: an 8-byte little-endian header length, the JSON header (padded with
+    spaces to 8 bytes) naming each tensor's dtype, shape and byte range, then the raw little-endian
+    bytes. Tensors go largest element size first, so every tensor starts aligned to its element size.
+    The digest is computed from the buffers being written (``storage.transfer.write_hashed``).
+    Tensors of a dtype not in ``_ST_DTYPES`` fall back to ``safetensors.save_file`` + hashing the file.
+    """
+    if any(t.dtype not in _ST_DTYPES for t in tensors.values()):
+        save_file(tensors, str(path), metadata=metadata)
+        return hash_file(path, hash_algo) if hash_algo else None
+    header: dict[str, Any] = {"__metadata__": metadata}
+    buffers: list[Any] = []
+    offset = 0
+    for name, t in sorted(tensors.items(), key=lambda kv: (-kv[1].element_size(), kv[0])):
+        t = t.detach().cpu().contiguous()
+        nbytes = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": _ST_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+        buffers.append(t.reshape(-1).view(torch.uint8).numpy())  # [nbytes], shares the tensor's memory
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    parts = [len(head).to_bytes(8, "little"), head, *buffers]
+    with open(path, "wb", buffering=0) as f:
+        if hash_algo is not None:
+            return write_hashed(f, parts, hash_algo)
+        for p in parts:
+            f.write(p)
+    return None
+
+
 def write_hf_dir(
     out_dir: Path,
     state_dict: dict[str, torch.Tensor],
@@ -75,8 +131,13 @@ def write_hf_dir(
     generation_config: Any | None = None,
     dtype: torch.dtype = torch.float32,
     architecture: str | None = None,
-) -> None:
-    """A ``from_pretrained``-loadable directory from a state dict, without touching a live model."""
+    hash_algo: str | None = None,
+) -> dict[str, FileDigest]:
+    """A ``from_pretrained``-loadable directory from a state dict, without touching a live model.
+
+    Returns the digests (``hash_algo``; empty if None) of the weight files and the shard index, computed
+    while writing them; the config and tokenizer files are left to the caller to hash.
+    """
     from huggingface_hub import split_torch_state_dict_into_shards
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -91,11 +152,22 @@ def write_hf_dir(
         tokenizer.save_pretrained(out_dir)
     sd = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state_dict.items()}
     split = split_torch_state_dict_into_shards(sd, max_shard_size=MAX_SHARD_SIZE)
+    digests: dict[str, FileDigest] = {}
     for filename, names in split.filename_to_tensors.items():
-        save_file({n: sd[n] for n in names}, str(out_dir / filename), metadata={"format": "pt"})
+        d = write_safetensors(
+            out_dir / filename, {n: sd[n] for n in names}, metadata={"format": "pt"}, hash_algo=hash_algo
+        )
+        if d is not None:
+            digests[filename] = d
     if split.is_sharded:
         index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
-        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+        data = json.dumps(index, indent=2, sort_keys=True).encode()
+        with open(out_dir / "model.safetensors.index.json", "wb") as f:
+            if hash_algo is not None:
+                digests["model.safetensors.index.json"] = write_hashed(f, [data], hash_algo)
+            else:
+                f.write(data)
+    return digests
 
 
 class CheckpointPublisher:
@@ -180,7 +252,8 @@ class CheckpointPublisher:
                 tmp = Path(tempfile.mkdtemp(prefix=f"rollflow-ckpt-v{version}-"))
             out = staging if staging is not None else tmp
             assert out is not None
-            write_hf_dir(
+            algo = getattr(self.store, "hash_algo", None)
+            digests = write_hf_dir(
                 out,
                 state_dict,
                 config=self.config,
@@ -188,8 +261,12 @@ class CheckpointPublisher:
                 generation_config=self.generation_config,
                 dtype=self.dtype,
                 architecture=self.architecture,
+                hash_algo=algo,
             )
-            self.store.publish(out, version, step=step, meta=meta)
+            if algo is None:
+                self.store.publish(out, version, step=step, meta=meta)
+            else:  # the store trusts these digests: the files are not read again
+                self.store.publish(out, version, step=step, meta=meta, digests=digests)
             self.published.append(version)
             if self.keep_last:
                 self.store.gc(self.keep_last)

@@ -4,7 +4,10 @@ The tests run in order on one server and one trial (versions only go up, as in a
 v0 already served -> ack only; v1 published in the middle of a long generation -> the trajectory carries
 tokens of v0 then v1 and the continuation follows the new weights; v2 corrupt -> old weights keep serving,
 retried with backoff; v3 good -> served at once; v4 of another architecture -> refused by the server;
-v5 through the sidecar CLI.
+v5 through the sidecar CLI; v6 published by the trainer's ``CheckpointPublisher`` in this process wakes a
+watcher whose full poll is a minute away, and is loaded from the store's own directory; v7 is seen by the
+stat of LATEST alone; v8 is not seen with both wake-ups off (the control). Then separate trials: the
+"loading" ack keeps GC off the version being loaded, and an S3 trial is downloaded into the cache.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 
 from rollflow.api.config import InferenceConfig
@@ -226,3 +231,152 @@ def test_sidecar_cli_updates_the_servers_and_stops_on_sigterm(
         out = proc.communicate(timeout=15)[0].decode()
     assert proc.returncode == 0, out
     assert "serving v5" in out
+
+
+# --- weight propagation without polling latency -------------------------------------------------------------
+
+SLOW_POLL_S = 60.0  # a full poll this far away cannot be what picked a version up within WAIT_S
+WAIT_S = 30.0
+
+
+class _NoInProcessSignal:
+    """The store as a watcher in another process sees it: no in-process wake-up (stat polling only)."""
+
+    def __init__(self, inner: CheckpointStore) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def subscribe(self) -> threading.Event:
+        return threading.Event()  # never set by a publish
+
+
+def _watch(
+    store: Any, server: Any, cache_dir: Path, **kw: Any
+) -> tuple[CheckpointWatcher, dict[int, threading.Event]]:
+    """A started watcher whose full poll is SLOW_POLL_S away; one event per version it serves."""
+    served: dict[int, threading.Event] = {v: threading.Event() for v in range(20)}
+    w = CheckpointWatcher(
+        store, server.addresses, cache_dir=cache_dir, poll_interval_s=SLOW_POLL_S,
+        on_update=lambda v: served[v].set(), **kw,
+    )  # fmt: skip
+    w.start()
+    return w, served
+
+
+def test_in_process_publish_wakes_the_watcher_and_is_loaded_in_place(
+    server: Any, store: CheckpointStore, cache_dir: Path, tiny_model_dir_b: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from rollflow.training.publish import CheckpointPublisher
+
+    addr = server.addresses[0]
+    w, served = _watch(store, server, cache_dir, local_poll_interval_s=0)  # no stat polling: events only
+    try:
+        assert served[5].wait(WAIT_S)  # the first poll runs at once: v5 is already served
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir_b)
+        pub = CheckpointPublisher(store, config=model.config, tokenizer=None, background=False)
+        assert pub.submit(6, {k: v.detach().clone() for k, v in model.state_dict().items()}, step=6)
+        assert served[6].wait(WAIT_S), f"not woken by the publish: {w.errors[-1:]}"
+    finally:
+        w.stop()
+    ck_dir = store.storage.local_path("checkpoints/v000006")
+    assert control_call(addr, "/get_model_info")["model_path"] == str(ck_dir)  # loaded in place...
+    assert not (cache_dir / "v000006").exists()  # ...nothing copied into the cache
+    ref = store.get(6)
+    assert ref.hash_algo == "blake3"
+    for name, info in ref.files.items():  # hashed while written == a fresh hash of the file
+        data = (ck_dir / name).read_bytes()
+        assert info == {"size": len(data), "blake3": blake3.blake3(data).hexdigest()}, name
+    assert store.acks()[default_server_id(addr)] == 6
+
+
+def test_a_publish_from_another_process_is_seen_by_a_stat_of_latest(
+    server: Any, store: CheckpointStore, cache_dir: Path, tiny_model_dir: Path
+) -> None:
+    w, served = _watch(_NoInProcessSignal(store), server, cache_dir, local_poll_interval_s=0.02)
+    try:
+        assert served[6].wait(WAIT_S)
+        store.publish(tiny_model_dir, 7)
+        assert served[7].wait(WAIT_S), f"LATEST's stat change went unnoticed: {w.errors[-1:]}"
+    finally:
+        w.stop()
+    assert served_version(server.addresses[0]) == "7"
+
+
+def test_with_both_wake_ups_off_only_the_full_poll_would_see_it(
+    server: Any, store: CheckpointStore, cache_dir: Path, tiny_model_dir_b: Path
+) -> None:
+    """The control: the two tests above pass because of the wake-ups, not some other early poll."""
+    w, served = _watch(_NoInProcessSignal(store), server, cache_dir, local_poll_interval_s=0)
+    try:
+        assert served[7].wait(WAIT_S)
+        store.publish(tiny_model_dir_b, 8)
+        assert not served[8].wait(2.0)  # well short of SLOW_POLL_S; only a wake-up could have made it
+    finally:
+        w.stop()
+    assert w.poll_once() == 8  # and a full poll does load it
+
+
+class _PublishAndCollectWhileLoading:
+    """A store whose ``verified_dir`` first lets the trainer publish a newer version and run GC."""
+
+    def __init__(self, inner: CheckpointStore, newer: Path) -> None:
+        self.inner, self.newer = inner, newer
+        self.collected: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def verified_dir(self, version: int, cache_dir: str | Path) -> Path:
+        self.inner.publish(self.newer, version + 1)
+        self.collected += self.inner.gc(keep_last=1)  # keeps only version + 1 -- unless an ack protects
+        return self.inner.verified_dir(version, cache_dir)
+
+
+def test_gc_cannot_delete_the_version_a_server_is_loading(
+    server: Any, tmp_path: Path, tiny_model_dir: Path, tiny_model_dir_b: Path
+) -> None:
+    fresh = CheckpointStore(Storage.open(str(tmp_path / "store"), "exp", "gc-trial"))
+    fresh.publish(tiny_model_dir_b, 1)
+    store = _PublishAndCollectWhileLoading(fresh, tiny_model_dir)
+    w = CheckpointWatcher(store, server.addresses, cache_dir=tmp_path / "cache", server_ids=["fresh"])
+    assert w.poll_once() == 1, w.errors[-1:]  # a new server: no ack before this poll's "loading" ack
+    assert store.collected == [] and fresh.list_committed() == [1, 2]
+    assert fresh.acks() == {"fresh": 1}
+    assert fresh.get(1).version == 1
+
+
+@pytest.mark.s3
+def test_s3_checkpoint_is_verified_into_the_cache_and_polled_at_the_full_interval(
+    server: Any, s3_server: Any, tmp_path: Path, tiny_model_dir: Path, tiny_model_dir_b: Path
+) -> None:
+    s3 = CheckpointStore(
+        Storage.open(f"s3://{s3_server.bucket}/w", "exp", f"t-{os.getpid()}", s3_server.options)
+    )
+    s3.publish(tiny_model_dir, 11)
+    w = CheckpointWatcher(s3, server.addresses, cache_dir=tmp_path / "cache", poll_interval_s=0.25)
+    assert w.poll_once() == 11, w.errors[-1:]
+    assert control_call(server.addresses[0], "/get_model_info")["model_path"] == str(
+        tmp_path / "cache" / "v000011"
+    )
+
+    s3.publish(tiny_model_dir_b, 12)
+    key = "checkpoints/v000012/model.safetensors"
+    data = bytearray(s3.storage.get_bytes(key))
+    data[-1] ^= 1
+    s3.storage.put_bytes(key, bytes(data))
+    assert w.poll_once() is None
+    assert "CheckpointIntegrityError" in w.errors[-1].message and "blake3" in w.errors[-1].message
+    assert served_version(server.addresses[0]) == "11"
+
+    calls: list[float] = []
+    real = s3.latest_version
+    s3.latest_version = lambda: calls.append(time.monotonic()) or real()  # type: ignore[method-assign]
+    assert s3.latest_token() is None  # nothing cheap to stat on S3: only full polls
+    w.start()
+    time.sleep(1.0)
+    w.stop()
+    assert 1 <= len(calls) <= 6  # ~1 s / 0.25 s full polls (+ the first), not a tight loop
