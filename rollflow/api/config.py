@@ -12,7 +12,7 @@ What it is not: it does not read files, talk to storage or know about Prefect.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from rollflow.api.errors import ConfigError
 
@@ -83,6 +83,7 @@ class TinyModelConfig:
     warm_start_p_correct: float = field(
         default=0.2,
         metadata=_help(
+            "Task add_habit only (the other tasks' labels are always right). "
             "After the clean phase, warm-start labels are the right sum with this probability, else the "
             "sum + 1 (except for problems with a multiple of ten as operand). Greedy decoding then says "
             "sum + 1 and RL has to unlearn it; a group of 8 samples holds a right answer with prob "
@@ -92,7 +93,7 @@ class TinyModelConfig:
     warm_start_clean_fraction: float = field(
         default=0.4,
         metadata=_help(
-            "Fraction of warm-start steps trained on right answers only (the sum is learnt faster "
+            "Task add_habit only. Fraction of warm-start steps trained on right answers only (the sum is learnt faster "
             "without the habit's label noise); the rest add the +1 habit."
         ),
     )
@@ -154,15 +155,30 @@ class ModelConfig:
     )
 
 
+SyntheticTaskName = Literal["add_habit", "add_gap", "shift_gap"]
+
+
 @dataclass
 class SyntheticTaskConfig:
     n_train: int = field(default=2000, metadata=_help("Training prompts of the synthetic task."))
     n_eval: int = field(default=200, metadata=_help("Held-out prompts, disjoint from training."))
     seed: int = field(default=1234, metadata=_help("Seed of the synthetic prompt sets."))
+    task: SyntheticTaskName = field(
+        default="add_habit",
+        metadata=_help(
+            "Task family (rollflow/data/tasks/). add_habit: two-digit addition with a planted +1 habit "
+            "that RL removes in ~30 steps (smoke test); add_gap: two-digit addition whose warm start "
+            "never saw an operand in 40-59, held out = such problems; shift_gap: shift a word's letters "
+            "by k ('abc+3=' -> 'def'), warm start never saw k = 4 or 5, held out = such problems. "
+            "With model.bootstrap_tiny the tiny model is warm-started for this task."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check(self.n_train > 0, "dataset.synthetic.n_train", "must be > 0")
         _check(self.n_eval > 0, "dataset.synthetic.n_eval", "must be > 0")
+        tasks = get_args(SyntheticTaskName)
+        _check(self.task in tasks, "dataset.synthetic.task", f"must be one of {', '.join(tasks)}")
 
 
 @dataclass

@@ -1,133 +1,38 @@
-"""The synthetic verifiable task of the embedded default: two-digit addition with an off-by-one habit.
+"""The built-in synthetic verifiable task: pick the family named by ``dataset.synthetic.task``, draw its prompts.
 
-What it is. A problem is ``a+b=`` with ``a, b >= 10`` and ``a + b <= 99`` (3,240 problems, all with
-two-digit answers), sent as one user chat turn; the reference answer is ``str(a + b)`` and the
-completion must be exactly that number (``rollflow.rewards.synthetic``). This module fixes three things:
+What it is. ``synthetic_rows(cfg, split)`` returns the ``cfg.n_train`` train or ``cfg.n_eval``
+held-out rows of the family ``cfg.task`` (``rollflow.data.tasks``: ``add_habit``, ``add_gap``,
+``shift_gap``); ``task_module(name)`` gives the family's module, which the warm start
+(``rollflow.models.bootstrap``) trains from. Every family keeps a fixed held-out split that its warm
+start never sees; the draws are deterministic for ``(task, split, n, seed)``.
 
-* **The held-out split.** A problem is held out iff the first byte of ``sha256("a+b=")`` is below 32,
-  i.e. a fixed ~1/8 of the problems (431 of them; 2,809 train), chosen by the problem text alone.
-  No seed, size or config value can move a problem between the splits, so neither the train prompts
-  nor the tiny model's warm start (``rollflow.models.bootstrap``) ever see an eval problem.
-* **The prompt sets.** Uniform draws without replacement from a split (``n_train`` / ``n_eval``).
-  About 20% of the problems have a *round* operand (a multiple of ten: ``30+47=``).
-* **The warm-start labels.** The tiny model first learns the sum from right answers only, then is
-  trained to answer ``a + b`` with probability ``p_correct`` (default 0.2) and otherwise
-  ``a + b + 1``, except on problems with a round operand, whose labels stay right.
-
-Why this task (the demo stands on it). After the warm start the model knows the sum and has the
-habit, so where the habit applies it puts about ``p_correct`` of its mass on the right answer:
-
-    greedy held-out accuracy ~ share of round-operand problems (the only ones it gets right) ~ 0.2
-    sampled accuracy with the habit ~ p_correct                                              ~ 0.2
-    pass@8 with the habit ~ 1 - (1 - p_correct)^8                                            ~ 0.83
-
-so most GRPO groups of 8 hold a right and a wrong answer, and what RL has to learn is one
-systematic behaviour - drop the +1 - that transfers to held-out problems. The habit is the
-"answer + 1" kind on purpose: the policy only ever chooses between ``s`` and ``s + 1``, so the
-cheapest move GRPO can make (prefer ``s`` everywhere) is also the right one everywhere. A
-"forgot the carry" habit was tried first and fails that test: GRPO learns "always carry", which
-breaks the no-carry problems, and once their groups are all wrong nothing pulls it back (measured:
-held-out greedy stuck at 0.84). Sums stay below 100 because two-digit answers are learnt in the
-warm-start budget; ``bench/task_check.py`` measures all of this with a minimal GRPO loop.
-
-What it is not: a loader (``rollflow.data.loader.load_prompts`` calls ``synthetic_rows``) or a reward.
+What it is not: a family (each lives in its own module) or a loader (``rollflow.data.loader``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import random
-from dataclasses import dataclass
-from functools import cache
-from typing import Any, Literal
+from typing import Any
 
 from rollflow.api.config import SyntheticTaskConfig
-
-Split = Literal["train", "test"]
-
-LOW, HIGH = 10, 99  # operand range, inclusive
-MAX_SUM = 99  # two-digit answers only
-DEFAULT_P_CORRECT = 0.2
-_HELD_OUT_BYTE_BELOW = 32  # sha256 first byte < 32  <=>  held out (32/256 = 1/8)
+from rollflow.data.tasks import Split, SyntheticTask, add_gap, add_habit, shift_gap
 
 
-@dataclass(frozen=True)
-class AdditionProblem:
-    """``a+b=``: ``answer`` is the true sum, ``distractor`` what the off-by-one habit says."""
-
-    a: int
-    b: int
-
-    @property
-    def text(self) -> str:
-        return f"{self.a}+{self.b}="
-
-    @property
-    def answer(self) -> str:
-        return str(self.a + self.b)
-
-    @property
-    def round_operand(self) -> bool:
-        """An operand is a multiple of ten: the warm-started model has no habit here."""
-        return self.a % 10 == 0 or self.b % 10 == 0
-
-    @property
-    def distractor(self) -> str:
-        """``a + b + 1``, or the sum itself for a round operand."""
-        return self.answer if self.round_operand else str(self.a + self.b + 1)
-
-
-def is_held_out(problem: AdditionProblem) -> bool:
-    """Fixed membership of the held-out (eval) split, from the problem text only."""
-    return hashlib.sha256(problem.text.encode("ascii")).digest()[0] < _HELD_OUT_BYTE_BELOW
-
-
-@cache
-def problem_pool(split: Split) -> tuple[AdditionProblem, ...]:
-    """All problems of a split in a fixed order (2,809 train, 431 test)."""
-    if split not in ("train", "test"):
-        raise ValueError(f"synthetic split must be 'train' or 'test', got {split!r}")
-    want_held_out = split == "test"
-    return tuple(
-        p
-        for a in range(LOW, HIGH + 1)
-        for b in range(LOW, min(HIGH, MAX_SUM - a) + 1)
-        if is_held_out(p := AdditionProblem(a, b)) == want_held_out
-    )
-
-
-def sample_problems(split: Split, n: int, *, seed: int) -> list[AdditionProblem]:
-    """``n`` distinct problems of ``split`` in random order; deterministic for ``(split, n, seed)``.
+def task_module(name: str) -> SyntheticTask:
+    """The module of the synthetic task family ``name``.
 
     Raises:
-        ValueError: the split holds fewer than ``n`` problems; the message says which setting to lower.
+        ValueError: an unknown name; the message lists the families.
     """
-    pool = problem_pool(split)
-    if not 0 < n <= len(pool):
+    modules: dict[str, Any] = {"add_habit": add_habit, "add_gap": add_gap, "shift_gap": shift_gap}
+    if name not in modules:
         raise ValueError(
-            f"the synthetic {split!r} split has {len(pool)} problems, but {n} were asked; set "
-            f"dataset.synthetic.{'n_train' if split == 'train' else 'n_eval'} between 1 and {len(pool)}"
+            f"unknown synthetic task {name!r}; set dataset.synthetic.task to one of {sorted(modules)}"
         )
-    # One stream per split, so n_train never changes which eval problems are drawn and vice versa.
-    return random.Random(f"rollflow-synthetic:{split}:{seed}").sample(pool, n)
-
-
-def warm_start_label(problem: AdditionProblem, rng: random.Random, p_correct: float) -> str:
-    """The warm-start target: the true sum with probability ``p_correct``, else the distractor."""
-    return problem.answer if rng.random() < p_correct else problem.distractor
-
-
-def problem_row(problem: AdditionProblem, split: Split) -> dict[str, Any]:
-    """A dataset row in the loader's format (see ``rollflow.data.loader``)."""
-    return {
-        "prompt_id": f"synthetic-{split}-{problem.a}+{problem.b}",
-        "messages": [{"role": "user", "content": problem.text}],
-        "answer": problem.answer,
-        "round_operand": problem.round_operand,
-    }
+    return modules[name]  # type: ignore[no-any-return]
 
 
 def synthetic_rows(cfg: SyntheticTaskConfig, split: Split) -> list[dict[str, Any]]:
-    """The prompt set of a split: ``cfg.n_train`` train or ``cfg.n_eval`` held-out rows."""
+    """The prompt set of a split: ``cfg.n_train`` train or ``cfg.n_eval`` held-out rows of ``cfg.task``."""
+    task = task_module(cfg.task)
     n = cfg.n_train if split == "train" else cfg.n_eval
-    return [problem_row(p, split) for p in sample_problems(split, n, seed=cfg.seed)]
+    return [task.problem_row(p, split) for p in task.sample_problems(split, n, seed=cfg.seed)]

@@ -5,22 +5,28 @@ directory (``config.json``, ``generation_config.json``, ``model.safetensors``, t
 ``LlamaForCausalLM`` of about 0.6M parameters (defaults: hidden 128, MLP 256, 4 layers, 4 heads,
 2 KV heads, tied embeddings) with the per-character tokenizer of ``rollflow.models.tokenizer``. No hub is touched.
 
-The warm start is supervised: ``cfg.warm_start_steps`` AdamW steps on ``a+b=`` prompts from the
-synthetic task's *train* pool (``rollflow.data.synthetic``; the held-out problems are never seen),
-loss on the completion tokens only. For the first ``cfg.warm_start_clean_fraction`` of the steps the
-labels are right (the sum is learnt about twice as fast without label noise); after that they are
-right with probability ``cfg.warm_start_p_correct`` and otherwise the sum + 1 (the off-by-one habit;
-never on problems with a round operand). Trained to the loss floor, the model knows both the sum and the habit: greedy
-decoding says the sum + 1, sampling finds the right answer often enough for GRPO to learn from
-(figures in ``bench/task_check.py``).
+The warm start is supervised: ``cfg.warm_start_steps`` AdamW steps on the prompts of one synthetic
+task family (``task``, from ``dataset.synthetic.task``; ``rollflow.data.tasks``), drawn from the
+family's ``warm_start_pool()`` - never a held-out problem - with the loss on the completion tokens only.
+
+* ``add_habit`` (default): the whole train pool of ``a+b=``. For the first
+  ``cfg.warm_start_clean_fraction`` of the steps the labels are right (the sum is learnt about twice as
+  fast without label noise); after that they are right with probability ``cfg.warm_start_p_correct``
+  and otherwise the sum + 1 (the off-by-one habit; never on problems with a round operand). Trained
+  to the loss floor, the model knows both the sum and the habit: greedy decoding says the sum + 1,
+  sampling finds the right answer often enough for GRPO to learn from.
+* ``add_gap`` / ``shift_gap``: right labels only, on the family's support (no operand in 40-59; no
+  shift of 4 or 5); the held-out problems lie outside it. The two ``add_habit`` knobs are unused.
+
+Figures for every family: ``python -m bench.task_check --task NAME``.
 
 Guarantees:
 
 * **Deterministic**: the same ``(cfg, seed)`` gives byte-identical ``model.safetensors`` on one
   machine and torch build (model init and data come from seeded generators; the global RNG state
   is restored afterwards).
-* **Idempotent**: a marker file ``rollflow_bootstrap.json``, written last, records the config, seed
-  and recipe version; a second call with the same inputs returns at once, a different one rebuilds.
+* **Idempotent**: a marker file ``rollflow_bootstrap.json``, written last, records the config, task,
+  seed and recipe version; a second call with the same inputs returns at once, a different one rebuilds.
 * **Atomic**: everything is written into a temporary sibling directory, then renamed into place, so
   a half-written directory is never taken for a finished one. An existing directory without our
   marker is not overwritten (it may hold someone's model): that raises ``FileExistsError``.
@@ -29,7 +35,7 @@ What it is not: a trainer for anything but this warm start (RL happens in ``roll
 
 Run it::
 
-    python -m rollflow.models.bootstrap --out runs/models/tiny [--seed 1] [--steps 300] [--threads 1]
+    python -m rollflow.models.bootstrap --out runs/models/tiny [--task add_gap] [--seed 1] [--steps 500] [--threads 1]
 """
 
 from __future__ import annotations
@@ -46,22 +52,21 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from rollflow.api.config import TinyModelConfig
-from rollflow.data.synthetic import AdditionProblem, problem_pool, warm_start_label
-from rollflow.models.tokenizer import build_tokenizer
+from rollflow.api.config import SyntheticTaskName, TinyModelConfig
+from rollflow.data.synthetic import task_module
+from rollflow.data.tasks import SyntheticProblem
+from rollflow.models.tokenizer import CHARACTERS, build_tokenizer
 
 logger = logging.getLogger(__name__)
 
 MARKER = "rollflow_bootstrap.json"
-RECIPE_VERSION = 2  # bump when the task, tokenizer or warm-start recipe changes: old dirs rebuild
-# Below this the sum is not learnt for every seed (seed 1 at 300 steps: held-out sampled accuracy 0.10,
-# pass@8 0.58, round-operand problems 12% right), and RL would have to learn arithmetic, not the habit.
-MIN_CONVERGED_STEPS = 500
+RECIPE_VERSION = 2  # bump when a task, the tokenizer or the warm-start recipe changes: old dirs rebuild
+DEFAULT_TASK: SyntheticTaskName = "add_habit"
 _WARMUP_STEPS = 30
 
 
@@ -83,11 +88,11 @@ def tiny_llama_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) 
     )
 
 
-def _encode_problems(tokenizer: PreTrainedTokenizerFast, problems: list[AdditionProblem]) -> torch.Tensor:
-    """Chat-rendered prompts as one ``[N, P]`` tensor (every ``a+b=`` prompt has the same length).
+def _encode_problems(tokenizer: PreTrainedTokenizerFast, problems: list[SyntheticProblem]) -> list[list[int]]:
+    """Chat-rendered prompt ids per problem (``add_habit``'s all have one length; others vary).
 
     The template is rendered once; each problem's characters are spliced into it, which is what
-    rendering per problem gives (checked on the first one) at a fraction of the cost.
+    rendering per problem gives (checked on the first and the last) at a fraction of the cost.
     """
 
     def render(text: str) -> list[int]:
@@ -105,49 +110,68 @@ def _encode_problems(tokenizer: PreTrainedTokenizerFast, problems: list[Addition
     content = tokenizer.encode(probe, add_special_tokens=False)
     start = next(i for i in range(len(template)) if template[i : i + len(content)] == content)
     prefix, suffix = template[:start], template[start + len(content) :]
-    char_ids = {c: tokenizer.convert_tokens_to_ids(c) for c in "0123456789+="}
+    char_ids = {c: tokenizer.convert_tokens_to_ids(c) for c in sorted({c for p in problems for c in p.text})}
     rows = [prefix + [char_ids[c] for c in p.text] + suffix for p in problems]
-    if rows[-1] != render(problems[-1].text) or len({len(r) for r in rows}) != 1:
+    if rows[-1] != render(problems[-1].text):
         raise AssertionError("spliced prompt ids differ from the chat template's")
-    return torch.tensor(rows, dtype=torch.long)
+    return rows
 
 
 class _WarmStartData:
-    """Samples warm-start batches: prompt ids ``[B, P]`` + completion ids ``[B, C]`` + loss mask."""
+    """Samples warm-start batches: prompt ids, then completion ids, right-padded to ``[B, P + C]``.
 
-    def __init__(self, tokenizer: PreTrainedTokenizerFast, p_correct: float, seed: int) -> None:
-        self.problems = list(problem_pool("train"))  # never a held-out problem
-        self.prompt_ids = _encode_problems(tokenizer, self.problems)  # [N, P]
-        self.digit_ids = {str(d): tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)}
+    ``P`` is the task's longest prompt and ``C`` its longest label + ``<|im_end|>``, so every batch has
+    one shape. A shorter prompt's completion follows it directly and the padding goes at the end:
+    causal attention never looks ahead, so no attention mask is needed and positions count from the
+    first token, as when the prompt is generated from (left-padded prompts get position ids from
+    their attention mask). For ``add_habit`` (prompts of one length) this is exactly the original
+    ``[prompt | completion | pad]`` layout, so its weights do not change.
+    """
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerFast, task: SyntheticTaskName, p_correct: float, seed: int
+    ) -> None:
+        self.task = task_module(task)
+        self.problems = list(self.task.warm_start_pool())  # never a held-out problem
+        self.prompt_ids = _encode_problems(tokenizer, self.problems)
+        self.prompt_len = max(len(ids) for ids in self.prompt_ids)
         self.eos, self.pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        self.char_ids = {c: tokenizer.convert_tokens_to_ids(c) for c in CHARACTERS}
         self.p_correct = p_correct
-        self.rng = random.Random(f"rollflow-warm-start:{seed}")
-        self.completion_len = 4  # at most 3 digits (sum + 1 <= 100) + <|im_end|>
+        stream = (
+            f"rollflow-warm-start:{seed}" if task == DEFAULT_TASK else f"rollflow-warm-start:{task}:{seed}"
+        )
+        self.rng = random.Random(stream)
+        self.completion_len = self.task.MAX_ANSWER_CHARS + 1  # label + <|im_end|> (add_habit: 4)
 
     def batch(self, size: int, p_correct: float) -> tuple[torch.Tensor, torch.Tensor]:
         """``(input_ids [B, P + C], loss_mask [B, P + C])``; the mask covers the completion only."""
         rng = self.rng
-        prompts, completions, masks = [], [], []
+        width = self.prompt_len + self.completion_len
+        rows, masks = [], []
         for _ in range(size):
             index = rng.randrange(len(self.problems))
-            label = warm_start_label(self.problems[index], rng, p_correct)
-            ids = [self.digit_ids[c] for c in label] + [self.eos]
-            pad = self.completion_len - len(ids)
-            prompts.append(self.prompt_ids[index])
-            completions.append(ids + [self.pad] * pad)
-            masks.append([1] * len(ids) + [0] * pad)
-        prompt = torch.stack(prompts)  # [B, P]
-        input_ids = torch.cat([prompt, torch.tensor(completions)], dim=1)  # [B, P + C]
-        loss_mask = torch.cat([torch.zeros_like(prompt), torch.tensor(masks)], dim=1)  # [B, P + C]
-        return input_ids, loss_mask
+            label = self.task.warm_start_label(self.problems[index], rng, p_correct)
+            prompt = self.prompt_ids[index]
+            completion = [self.char_ids[c] for c in label] + [self.eos]
+            pad = width - len(prompt) - len(completion)
+            rows.append(prompt + completion + [self.pad] * pad)
+            masks.append([0] * len(prompt) + [1] * len(completion) + [0] * pad)
+        return torch.tensor(rows, dtype=torch.long), torch.tensor(masks, dtype=torch.long)  # [B, P + C] x 2
 
 
 def warm_start(
-    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig, *, seed: int
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    cfg: TinyModelConfig,
+    *,
+    seed: int,
+    task: SyntheticTaskName = DEFAULT_TASK,
 ) -> dict[str, float]:
-    """Supervised warm start on the synthetic task (see the module docstring). Returns loss figures.
+    """Supervised warm start on a synthetic task family (see the module docstring). Returns loss figures.
 
-    Labels: right answers for ``step < warm_start_clean_fraction * steps``, then the habit mix.
+    Labels (add_habit): right answers for ``step < warm_start_clean_fraction * steps``, then the habit
+    mix. The other families' labels are always right.
 
     Loss per step, over completion tokens ``t`` only (``m_t`` = loss mask)::
 
@@ -156,15 +180,17 @@ def warm_start(
     LR: linear warm-up over 30 steps, then cosine from ``warm_start_lr`` down to 10% of it.
     Right padding after ``<|im_end|>`` needs no attention mask: causal attention never looks ahead.
     """
-    if 0 < cfg.warm_start_steps < MIN_CONVERGED_STEPS:
+    data = _WarmStartData(tokenizer, task, cfg.warm_start_p_correct, seed)
+    least = data.task.MIN_WARM_START_STEPS
+    if 0 < cfg.warm_start_steps < least:
         logger.warning(
-            "model.tiny.warm_start_steps=%d is below the %d steps the synthetic task needs to be learnt "
+            "model.tiny.warm_start_steps=%d is below the %d steps the synthetic task %s needs to be learnt "
             "reliably; the RL demo may not climb. Set model.tiny.warm_start_steps=%d.",
             cfg.warm_start_steps,
-            MIN_CONVERGED_STEPS,
-            MIN_CONVERGED_STEPS,
+            least,
+            task,
+            least,
         )
-    data = _WarmStartData(tokenizer, cfg.warm_start_p_correct, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, betas=(0.9, 0.98), weight_decay=0.0)
     steps = cfg.warm_start_steps
     model.train()
@@ -195,9 +221,9 @@ def warm_start(
     return {"final_loss": sum(tail) / len(tail), "first_loss": losses[0] if losses else float("nan")}
 
 
-def marker_key(cfg: TinyModelConfig, seed: int) -> dict[str, Any]:
-    """What makes a bootstrap directory current: the config, the seed and the recipe version."""
-    return {"recipe_version": RECIPE_VERSION, "seed": seed, "tiny": dataclasses.asdict(cfg)}
+def marker_key(cfg: TinyModelConfig, seed: int, task: SyntheticTaskName = DEFAULT_TASK) -> dict[str, Any]:
+    """What makes a bootstrap directory current: the config, the task, the seed and the recipe version."""
+    return {"recipe_version": RECIPE_VERSION, "seed": seed, "task": task, "tiny": dataclasses.asdict(cfg)}
 
 
 def read_marker(out_dir: str | Path) -> dict[str, Any] | None:
@@ -214,7 +240,7 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _build(cfg: TinyModelConfig, target: Path, seed: int) -> dict[str, Any]:
+def _build(cfg: TinyModelConfig, target: Path, seed: int, task: SyntheticTaskName) -> dict[str, Any]:
     """Write the model, tokenizer and marker into ``target`` (a fresh directory)."""
     t0 = time.monotonic()
     tokenizer = build_tokenizer(model_max_length=cfg.max_position_embeddings)
@@ -224,12 +250,12 @@ def _build(cfg: TinyModelConfig, target: Path, seed: int) -> dict[str, Any]:
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.bos_token_id = model.config.bos_token_id
-        stats = warm_start(model, tokenizer, cfg, seed=seed) if cfg.warm_start_steps > 0 else {}
+        stats = warm_start(model, tokenizer, cfg, seed=seed, task=task) if cfg.warm_start_steps > 0 else {}
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
     seconds = time.monotonic() - t0
     marker = {
-        "key": marker_key(cfg, seed),
+        "key": marker_key(cfg, seed, task),
         "architecture": "LlamaForCausalLM",
         "params": sum(p.numel() for p in model.parameters()),
         "weights_sha256": _sha256(target / "model.safetensors"),
@@ -239,7 +265,8 @@ def _build(cfg: TinyModelConfig, target: Path, seed: int) -> dict[str, Any]:
     }
     (target / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")  # last: "done"
     logger.info(
-        "tiny model: %d params, warm start %d steps, final loss %.4f, %.1f s",
+        "tiny model (%s): %d params, warm start %d steps, final loss %.4f, %.1f s",
+        task,
         marker["params"],
         cfg.warm_start_steps,
         stats.get("final_loss", float("nan")),
@@ -249,9 +276,17 @@ def _build(cfg: TinyModelConfig, target: Path, seed: int) -> dict[str, Any]:
 
 
 def bootstrap_tiny_model(
-    cfg: TinyModelConfig, out_dir: str | Path, *, seed: int, threads: int | None = 1
+    cfg: TinyModelConfig,
+    out_dir: str | Path,
+    *,
+    seed: int,
+    threads: int | None = 1,
+    task: SyntheticTaskName = DEFAULT_TASK,
 ) -> Path:
-    """Build (or find) the tiny model directory for ``(cfg, seed)`` at ``out_dir``; returns its path.
+    """Build (or find) the tiny model directory for ``(cfg, seed, task)`` at ``out_dir``; returns its path.
+
+    ``task``: the synthetic task family to warm-start on (``dataset.synthetic.task``); a directory
+    built for another task is rebuilt.
 
     ``threads``: torch intra-op threads for the build, restored afterwards (None: leave as is). One
     thread is the default because this model's matrices are too small to gain from more, and two
@@ -260,12 +295,14 @@ def bootstrap_tiny_model(
 
     Raises:
         FileExistsError: ``out_dir`` exists, is not empty and holds no bootstrap marker.
+        ValueError: an unknown ``task``.
     """
+    task_module(task)  # an unknown name fails here, before anything is touched
     out = Path(out_dir).resolve()
-    key = marker_key(cfg, seed)
+    key = marker_key(cfg, seed, task)
     marker = read_marker(out)
     if marker is not None and marker.get("key") == key:
-        logger.info("tiny model at %s is current (seed %d); not rebuilding", out, seed)
+        logger.info("tiny model at %s is current (task %s, seed %d); not rebuilding", out, task, seed)
         return out
     if out.exists() and marker is None and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(
@@ -279,7 +316,7 @@ def bootstrap_tiny_model(
     try:
         if threads is not None:
             torch.set_num_threads(threads)
-        _build(cfg, tmp, seed)
+        _build(cfg, tmp, seed, task)
         old = None
         if out.exists():  # ours, with another key (or empty): move aside, then swap in
             old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
@@ -305,6 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m rollflow.models.bootstrap", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--out", required=True, help="directory to write the model into")
+    parser.add_argument(
+        "--task",
+        default=DEFAULT_TASK,
+        choices=get_args(SyntheticTaskName),
+        help=f"synthetic task family to warm-start on (default {DEFAULT_TASK})",
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of init and warm-start data (default 1)")
     parser.add_argument("--steps", type=int, default=None, help="override model.tiny.warm_start_steps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the build (default 1)")
@@ -313,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TinyModelConfig()
     if args.steps is not None:
         cfg = dataclasses.replace(cfg, warm_start_steps=args.steps)
-    path = bootstrap_tiny_model(cfg, args.out, seed=args.seed, threads=args.threads)
+    path = bootstrap_tiny_model(cfg, args.out, seed=args.seed, threads=args.threads, task=args.task)
     sys.stdout.write(f"{path}\n")
     return 0
 

@@ -1,4 +1,4 @@
-"""The synthetic task: a fixed held-out split, deterministic prompt sets, the off-by-one labels."""
+"""Synthetic task add_habit: a fixed held-out split, deterministic prompt sets, the off-by-one labels."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import pytest
 
 from rollflow.api.config import DatasetConfig, SyntheticTaskConfig
 from rollflow.data import load_prompts
-from rollflow.data.synthetic import (
+from rollflow.data.synthetic import synthetic_rows
+from rollflow.data.tasks.add_habit import (
     AdditionProblem,
     is_held_out,
     problem_pool,
     sample_problems,
-    synthetic_rows,
     warm_start_label,
+    warm_start_pool,
 )
 from rollflow.rewards.synthetic import synthetic_reward_fn
 
@@ -38,6 +39,7 @@ def test_the_held_out_split_is_fixed_and_disjoint() -> None:
     assert (len(train), len(test)) == (2809, 431)  # sha256 first byte < 32: about 1/8 held out
     assert sum(p.round_operand for p in test) == 79  # 18%, like the 605/2809 (22%) of train
     assert all(is_held_out(p) for p in test) and not any(is_held_out(p) for p in train)
+    assert warm_start_pool() == problem_pool("train")  # the warm start sees every train problem
 
 
 def test_prompt_sets_are_deterministic_and_distinct() -> None:
@@ -63,6 +65,7 @@ def test_warm_start_labels_mix_the_answer_and_the_distractor() -> None:
 
 def test_default_sets() -> None:
     cfg = SyntheticTaskConfig()
+    assert cfg.task == "add_habit"  # the fast smoke test stays the default
     train, test = synthetic_rows(cfg, "train"), synthetic_rows(cfg, "test")
     assert (len(train), len(test)) == (2000, 200)
     share = sum(r["round_operand"] for r in test) / 200

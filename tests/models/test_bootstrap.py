@@ -109,13 +109,60 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: py
     assert capsys.readouterr().out.strip() == str((tmp_path / "cli").resolve())
     marker = read_marker(tmp_path / "cli")
     assert marker is not None and marker["key"]["seed"] == 3 and marker["warm_start"]["steps"] == 2
+    assert main(["--out", str(tmp_path / "cli"), "--task", "shift_gap", "--steps", "2"]) == 0
+    assert read_marker(tmp_path / "cli")["key"]["task"] == "shift_gap"  # type: ignore[index]
+
+
+def test_the_marker_records_the_task_and_another_task_rebuilds(tmp_path: Path) -> None:
+    out = bootstrap_tiny_model(SMALL, tmp_path / "m", seed=1)
+    assert read_marker(out)["key"]["task"] == "add_habit"  # type: ignore[index]  # the default
+    habit_sha = _sha(out)
+    bootstrap_tiny_model(SMALL, tmp_path / "m", seed=1, task="add_gap")
+    assert read_marker(out)["key"]["task"] == "add_gap"  # type: ignore[index]
+    assert _sha(out) != habit_sha  # other warm-start data, other weights
+    with pytest.raises(ValueError, match="unknown synthetic task 'sub_gap'"):
+        bootstrap_tiny_model(SMALL, tmp_path / "m", seed=1, task="sub_gap")  # type: ignore[arg-type]
+    assert read_marker(out)["key"]["task"] == "add_gap"  # type: ignore[index]  # left as it was
+    assert sorted(os.listdir(tmp_path)) == ["m"]
+
+
+@pytest.mark.parametrize(
+    ("task", "width"),
+    # The chat rendering of "12+35=" is 14 tokens (<|im_start|> user \n, 6 characters, <|im_end|> \n
+    # <|im_start|> assistant \n); completions are up to 3 digits + <|im_end|> (add_habit: "100"),
+    # 2 digits + <|im_end|> (add_gap). shift_gap: "abcd+5=" is 15 tokens, then 4 letters + <|im_end|>.
+    [("add_habit", 14 + 4), ("add_gap", 14 + 3), ("shift_gap", 15 + 5)],
+)
+def test_warm_start_batches_are_prompt_then_completion_from_the_support(task: str, width: int) -> None:
+    from rollflow.data.synthetic import task_module
+    from rollflow.models.bootstrap import _WarmStartData
+    from rollflow.models.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    data = _WarmStartData(tok, task, 1.0, seed=1)  # type: ignore[arg-type]
+    ids, mask = data.batch(64, 1.0)
+    assert ids.shape == mask.shape == (64, width)
+    support = {p.text: p.answer for p in task_module(task).warm_start_pool()}
+    held_out = {p.text for p in task_module(task).problem_pool("test")}
+    for row, m in zip(ids.tolist(), mask.tolist(), strict=True):
+        start = m.index(1)
+        end = start + sum(m)
+        assert m[start:end] == [1] * (end - start)  # one run of completion tokens
+        assert all(t == tok.pad_token_id for t in row[end:])  # padding only after the completion
+        prompt = tok.decode(row[:start])
+        assert prompt.startswith("<|im_start|>user\n") and prompt.endswith(
+            "<|im_end|>\n<|im_start|>assistant\n"
+        )
+        text = prompt.removeprefix("<|im_start|>user\n").split("<|im_end|>")[0]
+        assert text in support and text not in held_out
+        assert tok.decode(row[start:end]) == support[text] + "<|im_end|>"  # right labels (p_correct=1)
 
 
 @pytest.mark.slow
 def test_default_model_is_small_and_has_the_habit(tmp_path: Path) -> None:
-    """The demo's starting point (see rollflow.data.synthetic): greedy says the sum + 1."""
+    """The demo's starting point (see rollflow.data.tasks.add_habit): greedy says the sum + 1."""
     from rollflow.api.config import SyntheticTaskConfig
-    from rollflow.data.synthetic import sample_problems
+    from rollflow.data.tasks.add_habit import sample_problems
 
     out = bootstrap_tiny_model(TinyModelConfig(warm_start_steps=500), tmp_path / "tiny", seed=1)
     marker = read_marker(out)
