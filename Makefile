@@ -33,9 +33,12 @@ $(STAMP):
 
 install: $(STAMP)
 
+# The hard task (configs/tiny_hard.yaml: held-out problems outside the warm start's support, sparse reward);
+# DEMO_CONFIG=configs/tiny_cpu.yaml is the 1-minute smoke test, configs/tiny_hard2.yaml the second family.
+DEMO_CONFIG ?= configs/tiny_hard.yaml
 demo: install  ## bootstrap the tiny model and run async GRPO on the embedded default
 	# a fresh trial per demo (re-running a trial resumes it); pass ARGS="trial=NAME ..." to choose
-	$(PY) -m flows.async_rl --config configs/tiny_cpu.yaml trial=demo-$$(date +%Y%m%d-%H%M%S) $(ARGS)
+	$(PY) -m flows.async_rl --config $(DEMO_CONFIG) trial=demo-$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 test: install trl-venv  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
 	$(VENV)/bin/pytest -q -ra $(PYTEST_ARGS)
