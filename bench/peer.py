@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model_path = runs_dir / "model"
     if cfg.model.bootstrap_tiny:
-        bootstrap_tiny_model(cfg.model.tiny, model_path, seed=cfg.seed)
+        bootstrap_tiny_model(cfg.model.tiny, model_path, seed=cfg.seed, task=cfg.dataset.synthetic.task)
     else:
         model_path = Path(cfg.model.path)
     common = [*args.overrides, f"model.path={model_path}", "model.bootstrap_tiny=false"]

@@ -17,7 +17,11 @@ def bootstrap_model(cfg: ExperimentConfig) -> str:
     if cfg.model.bootstrap_tiny:
         from rollflow.models import bootstrap_tiny_model
 
-        path = bootstrap_tiny_model(cfg.model.tiny, cfg.model.path, seed=cfg.seed)
+        # warm-started for the task the run trains on (a model warm-started for another task is not
+        # the starting point the task's design assumes)
+        path = bootstrap_tiny_model(
+            cfg.model.tiny, cfg.model.path, seed=cfg.seed, task=cfg.dataset.synthetic.task
+        )
         logger.info("tiny model ready at %s", path)
         return str(path)
     if not Path(cfg.model.path).exists() and "/" not in cfg.model.path.strip("/"):
