@@ -31,6 +31,7 @@ What it is not: a test (the suite runs a few-second variant and checks only that
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     from rollflow.api.config_loader import load_config
     from rollflow.api.workflow import import_string
     from rollflow.data import load_prompts
-    from rollflow.models import bootstrap_tiny_model
+    from rollflow.models.bootstrap import bootstrap_for
 
     name = Path(args.config).stem
     out = Path(args.out or ROOT / "bench" / "results" / f"peer_{name}").resolve()
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model_path = runs_dir / "model"
     if cfg.model.bootstrap_tiny:
-        bootstrap_tiny_model(cfg.model.tiny, model_path, seed=cfg.seed, task=cfg.dataset.synthetic.task)
+        bootstrap_for(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model_path))))
     else:
         model_path = Path(cfg.model.path)
     common = [*args.overrides, f"model.path={model_path}", "model.bootstrap_tiny=false"]

@@ -15,13 +15,9 @@ def bootstrap_model(cfg: ExperimentConfig) -> str:
     """Return the local path of the initial policy, building the tiny model first if configured."""
     logger = get_run_logger()
     if cfg.model.bootstrap_tiny:
-        from rollflow.models import bootstrap_tiny_model
+        from rollflow.models.bootstrap import bootstrap_for
 
-        # warm-started for the task the run trains on (a model warm-started for another task is not
-        # the starting point the task's design assumes)
-        path = bootstrap_tiny_model(
-            cfg.model.tiny, cfg.model.path, seed=cfg.seed, task=cfg.dataset.synthetic.task
-        )
+        path = bootstrap_for(cfg)  # warm-started for the task the run trains on
         logger.info("tiny model ready at %s", path)
         return str(path)
     if not Path(cfg.model.path).exists() and "/" not in cfg.model.path.strip("/"):

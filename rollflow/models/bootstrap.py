@@ -57,7 +57,7 @@ from typing import Any, get_args
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from rollflow.api.config import SyntheticTaskName, TinyModelConfig
+from rollflow.api.config import ExperimentConfig, SyntheticTaskName, TinyModelConfig
 from rollflow.data.synthetic import task_module
 from rollflow.data.tasks import SyntheticProblem
 from rollflow.models.tokenizer import CHARACTERS, build_tokenizer
@@ -363,3 +363,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def bootstrap_for(cfg: ExperimentConfig) -> Path:
+    """The tiny model of an experiment: its tiny-model settings and seed, warm-started for the task its
+    dataset trains on (``dataset.synthetic.task``), at ``model.path``."""
+    return bootstrap_tiny_model(
+        cfg.model.tiny, cfg.model.path, seed=cfg.seed, task=cfg.dataset.synthetic.task
+    )

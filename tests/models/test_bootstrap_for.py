@@ -1,0 +1,19 @@
+"""``bootstrap_for``: an experiment's tiny model is warm-started for the task its dataset trains on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rollflow.api.config_loader import load_config
+from rollflow.models import read_marker
+from rollflow.models.bootstrap import bootstrap_for
+
+
+def test_bootstrap_for_uses_the_configured_task(tmp_path: Path) -> None:
+    small = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.warm_start_steps=3"]
+    cfg = load_config("configs/tiny_hard.yaml", [*small, f"model.path={tmp_path / 'hard'}"])
+    assert cfg.dataset.synthetic.task == "add_gap"
+    out = bootstrap_for(cfg)
+    assert read_marker(out)["key"]["task"] == "add_gap"  # type: ignore[index]
+    smoke = load_config("configs/tiny_cpu.yaml", [*small, f"model.path={tmp_path / 'smoke'}"])
+    assert read_marker(bootstrap_for(smoke))["key"]["task"] == "add_habit"  # type: ignore[index]
