@@ -1,7 +1,8 @@
 """The inference contract: what a rollout workflow may ask of the generation backend.
 
 What it is: rollflow-level request/result types and the ``InferenceClient`` Protocol that workflows
-depend on. A result carries, for every output token, the behaviour logprob and the policy version that
+depend on (``BatchInferenceClient`` when a client can batch a group's requests; ``agenerate_all`` uses it
+when it is there). A result carries, for every output token, the behaviour logprob and the policy version that
 produced it; a generation interrupted by a weight update is resumed transparently by the client, so one
 result may span several versions.
 What it is not: the HTTP wire format (``rollflow.api.sglang_protocol``) or a client implementation
@@ -10,6 +11,8 @@ What it is not: the HTTP wire format (``rollflow.api.sglang_protocol``) or a cli
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -60,3 +63,17 @@ class InferenceClient(Protocol):
     def get_version(self) -> int:
         """The newest policy version served (as announced by the checkpoint watcher)."""
         ...
+
+
+@runtime_checkable
+class BatchInferenceClient(InferenceClient, Protocol):
+    """A client that can send several requests' first segments as one batch (a GRPO group)."""
+
+    async def agenerate_many(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]: ...
+
+
+async def agenerate_all(client: InferenceClient, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+    """Every request's result, in order: batched when the client can batch, else one call each."""
+    if isinstance(client, BatchInferenceClient):
+        return await client.agenerate_many(requests)
+    return list(await asyncio.gather(*(client.agenerate(r) for r in requests)))

@@ -11,7 +11,7 @@ What it is. ``await runner.ascore(prompt, completion, answer, **data)`` runs the
   ``ProcessPoolExecutor`` (which cannot kill one hung task without breaking every other one).
 
 Each outcome is counted in ``.stats`` (calls, errors, timeouts, worker restarts) and failures are
-logged. The timeout covers the call itself, not the wait for a free worker or a worker's start-up
+logged. ``ascore_many`` scores a group's completions in one round trip to one worker. The timeout covers the call itself, not the wait for a free worker or a worker's start-up
 (which imports the reward module). Workers are started lazily on the first call.
 
 A worker is a plain ``python -m rollflow.rewards.worker`` subprocess, not a ``multiprocessing`` child:
@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 # Read by rollflow.rewards.worker (not imported here: `python -m` would warn that the package
 # __init__ imported it before it ran).
 SYS_PATH_ENV = "ROLLFLOW_REWARD_SYS_PATH"
+_PIPE_BATCH_BYTES = 32 << 10  # one write of a batch must fit the pipe buffer (64 KiB), or it would block
 _STARTUP_TIMEOUT_S = 120.0  # importing a heavy reward module (sympy, ...) on a loaded machine
 
 
@@ -65,6 +66,15 @@ class RewardOutcome:
     score: float
     error: str | None = None
     timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One call as it goes down the pipe (a JSON line without its newline)."""
+
+    id: int
+    payload: bytes
+    completion: str
 
 
 @dataclass(frozen=True)
@@ -247,10 +257,11 @@ class AsyncRewardRunner:
 
     # --- scoring -------------------------------------------------------------------------------
 
-    def _encode(self, prompt: str, completion: str, answer: Any, data: dict[str, Any]) -> bytes:
-        request = {"id": next(self._ids), "prompt": prompt, "completion": completion, "answer": answer}
+    def _encode(self, prompt: str, completion: str, answer: Any, data: dict[str, Any]) -> _Request:
+        request_id = next(self._ids)
+        request = {"id": request_id, "prompt": prompt, "completion": completion, "answer": answer}
         try:
-            return json.dumps({**request, "data": data}, allow_nan=False).encode()
+            payload = json.dumps({**request, "data": data}, allow_nan=False).encode()
         except (TypeError, ValueError):
             if not self._warned_json:
                 logger.warning(
@@ -258,18 +269,40 @@ class AsyncRewardRunner:
                     sorted(data),
                 )
                 self._warned_json = True
-            return json.dumps({**request, "data": data}, default=str).encode()
+            payload = json.dumps({**request, "data": data}, default=str).encode()
+        return _Request(request_id, payload, completion)
 
     async def ascore(self, prompt: str, completion: str, answer: Any, **data: Any) -> RewardOutcome:
         """Score one completion; never raises for a failing, hanging or dying reward function."""
+        return (await self._run([self._encode(prompt, completion, answer, data)]))[0]
+
+    async def ascore_many(
+        self, prompt: str, completions: Sequence[str], answer: Any, **data: Any
+    ) -> list[RewardOutcome]:
+        """Score several completions of one prompt (a GRPO group), in order; never raises.
+
+        The calls go to one worker in one pipe write and the replies are read one by one, each within
+        ``timeout_s``: one wake-up of the worker instead of one per completion. If the worker times out
+        or dies on one call, that call fails as in ``ascore`` and the calls after it are each sent again
+        on their own. Batches larger than the pipe's buffer are sent one call at a time.
+        """
+        requests = [self._encode(prompt, c, answer, data) for c in completions]
+        outcomes: list[RewardOutcome] = []
+        if requests and sum(len(r.payload) + 1 for r in requests) <= _PIPE_BATCH_BYTES:
+            outcomes = await self._run(requests)
+        rest = requests[len(outcomes) :]  # too large to batch, or after a timeout or a death mid-batch
+        for outs in await asyncio.gather(*(self._run([r]) for r in rest)):
+            outcomes += outs
+        return outcomes
+
+    async def _run(self, requests: list[_Request]) -> list[RewardOutcome]:
+        """The outcomes of a prefix of ``requests`` (at least the first) on one idle worker."""
         if self._closed:
             raise RuntimeError("AsyncRewardRunner.ascore called after close()")
         idle = self._idle_queue()
-        payload = self._encode(prompt, completion, answer, data)
-        request_id = json.loads(payload)["id"]
         worker = await idle.get()
         self._in_flight += 1
-        outcome: RewardOutcome | None = None
+        outcomes: list[RewardOutcome] = []
         try:
             if not worker.ready:
                 try:
@@ -278,11 +311,11 @@ class AsyncRewardRunner:
                     hello = {"error": f"reward worker did not start: {exc!r}"}
                 if "error" in hello:
                     worker = self._retire(worker, "start-up failed")
-                    outcome = RewardOutcome(0.0, error=str(hello["error"]))
+                    outcomes = [RewardOutcome(0.0, error=str(hello["error"]))] * len(requests)
                 else:
                     worker.ready = True
-            if outcome is None:
-                outcome, worker = await self._call(worker, payload, request_id)
+            if not outcomes:
+                outcomes, worker = await self._calls(worker, requests)
         except BaseException:
             # Cancelled mid-call: the worker's late reply would be read as the next call's, so replace it.
             worker = self._retire(worker, "call cancelled")
@@ -293,13 +326,29 @@ class AsyncRewardRunner:
                 worker.stop()
             else:
                 idle.put_nowait(worker)
-        self._count(outcome, completion)
-        return outcome
+        for outcome, request in zip(outcomes, requests, strict=False):
+            self._count(outcome, request.completion)
+        return outcomes
 
-    async def _call(self, worker: _Worker, payload: bytes, request_id: int) -> tuple[RewardOutcome, _Worker]:
+    async def _calls(self, worker: _Worker, requests: list[_Request]) -> tuple[list[RewardOutcome], _Worker]:
+        """Send every request, then read the replies; stops at the first call that loses the worker."""
+        try:
+            worker.send(b"\n".join(r.payload for r in requests))
+        except OSError as exc:
+            code = await asyncio.to_thread(_exit_code, worker.process)
+            worker = self._retire(worker, f"worker died, exit code {code}")
+            return [RewardOutcome(0.0, error=f"reward worker died (exit code {code}): {exc!r}")], worker
+        outcomes: list[RewardOutcome] = []
+        for request in requests:
+            outcome, replacement = await self._reply(worker, request.id)
+            outcomes.append(outcome)
+            if replacement is not worker:
+                return outcomes, replacement
+        return outcomes, worker
+
+    async def _reply(self, worker: _Worker, request_id: int) -> tuple[RewardOutcome, _Worker]:
         t0 = time.monotonic()
         try:
-            worker.send(payload)
             reply = await worker.arecv(self.timeout_s)
         except (asyncio.TimeoutError, TimeoutError):  # distinct classes on Python 3.10
             worker = self._retire(worker, f"reward call exceeded {self.timeout_s:g} s")

@@ -18,6 +18,11 @@ one server and keeps going until the request stops or reaches ``max_new_tokens``
   every server is tried once per round, with ``max_retries`` more rounds after ``retry_backoff_s * 2**k``.
   A 4xx raises ``InvalidRequestError`` at once; no server left raises ``ServerUnavailableError``.
 
+- **batches**: ``agenerate_many`` sends the first segment of several requests with one sampling setting (a
+  GRPO group) as one batched ``/generate`` (``input_ids`` a list, ``rid`` a list): one HTTP round trip and
+  one server-side parse instead of ``n``. A member that comes back interrupted continues on its own as
+  above, from its partial output, on the same server; a batch that fails over is resent whole.
+
 ``pause()`` / ``resume()`` (blocking, any thread) and ``apause()`` / ``aresume()`` pause all servers of
 this client for the synchronous baseline. ``set_version`` / ``get_version`` carry the newest served
 policy version (the checkpoint watcher calls ``set_version``; versions seen in replies also raise it).
@@ -34,13 +39,14 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import InferenceError, InvalidRequestError, ServerUnavailableError
-from rollflow.api.inference import GenerateRequest, GenerateResult
+from rollflow.api.inference import GenerateRequest, GenerateResult, SamplingParams
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.sglang_protocol import (
     ROUTE_ABORT,
@@ -66,6 +72,22 @@ class _Transient(Exception):
     def __init__(self, message: str, *, down: bool) -> None:
         super().__init__(message)
         self.down = down
+
+
+@dataclass
+class _Progress:
+    """One request's output so far; ``finish`` is set once it stopped or reached its length."""
+
+    rid: str
+    t0: float = field(default_factory=time.monotonic)
+    out_ids: list[int] = field(default_factory=list)
+    out_lps: list[float] = field(default_factory=list)
+    out_versions: list[int] = field(default_factory=list)
+    interruptions: int = 0
+    idle_aborts: int = 0
+    segment: int = 0
+    server: str | None = None
+    finish: str | None = None
 
 
 class SGLangClient:
@@ -149,19 +171,57 @@ class SGLangClient:
         """Generate until stop / length across pauses, aborts and server deaths (see module docstring)."""
         if not request.input_ids:
             raise InvalidRequestError("GenerateRequest.input_ids must not be empty")
-        t0 = time.monotonic()
-        sp = request.sampling
-        rid = request.rid or uuid.uuid4().hex
-        prompt = list(request.input_ids)
-        out_ids: list[int] = []
-        out_lps: list[float] = []
-        out_versions: list[int] = []
-        interruptions = idle_aborts = segment = 0
-        server: str | None = None
-        finish = "length"
         self.counters["requests"] += 1
+        return await self._continue(request, _Progress(rid=request.rid or uuid.uuid4().hex))
+
+    async def agenerate_many(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """``agenerate`` for each request, the first segments sent as one batched ``/generate``.
+
+        Results come back in the order of ``requests``. Requests whose sampling settings differ are not
+        batched (each is sent on its own); a single request is plain ``agenerate``.
+        """
+        if len(requests) <= 1 or any(r.sampling != requests[0].sampling for r in requests):
+            return list(await asyncio.gather(*(self.agenerate(r) for r in requests)))
+        for r in requests:
+            if not r.input_ids:
+                raise InvalidRequestError("GenerateRequest.input_ids must not be empty")
+        self.counters["requests"] += len(requests)
+        progress = [_Progress(rid=r.rid or uuid.uuid4().hex) for r in requests]
+        sp = requests[0].sampling
+        payload = self._payload(list(requests[0].input_ids), sp, sp.max_new_tokens)
+        payload["input_ids"] = [list(r.input_ids) for r in requests]  # [n][P_i]
+        rids = [p.rid for p in progress]
         try:
-            while True:
+            server, outs, segment, failovers = await self._send(rids, payload, 0, prefer=None)
+        except asyncio.CancelledError:
+            for addr in self.pool.addresses:  # the batch's server is not known until it answers
+                self._abort_all_quietly(addr, rids)
+            raise
+        for p, out in zip(progress, outs, strict=True):
+            p.server, p.segment, p.interruptions = server, segment, failovers
+            self._append(out, p.out_ids, p.out_lps, p.out_versions)
+            if out.finish_type != "abort":
+                p.finish = out.finish_type if out.finish_type in ("stop", "length") else "stop"
+            else:
+                p.interruptions += 1
+                self.counters["interruptions"] += 1
+                p.idle_aborts = 0 if out.output_ids else 1
+        return list(
+            await asyncio.gather(*(self._continue(r, p) for r, p in zip(requests, progress, strict=True)))
+        )
+
+    async def _continue(self, request: GenerateRequest, p: _Progress) -> GenerateResult:
+        """Generate from ``p`` (the output so far) until stop / length; ``p.finish`` set means done."""
+        t0 = p.t0
+        sp = request.sampling
+        rid = p.rid
+        prompt = list(request.input_ids)
+        out_ids, out_lps, out_versions = p.out_ids, p.out_lps, p.out_versions
+        interruptions, idle_aborts, segment = p.interruptions, p.idle_aborts, p.segment
+        server: str | None = p.server
+        finish = p.finish or "length"
+        try:
+            while p.finish is None:  # set when a batched first segment already finished it
                 remaining = sp.max_new_tokens - len(out_ids)
                 if remaining <= 0:
                     finish = "length"
@@ -169,20 +229,9 @@ class SGLangClient:
                 if self._closed:
                     finish = "abort"
                     break
-                payload = build_generate_payload(
-                    prompt + out_ids,
-                    max_new_tokens=remaining,
-                    temperature=sp.temperature,
-                    top_p=sp.top_p,
-                    top_k=sp.top_k,
-                    min_p=sp.min_p,
-                    stop_token_ids=sp.stop_token_ids,
-                    ignore_eos=sp.ignore_eos,
-                    skip_special_tokens=sp.skip_special_tokens,
-                    sampling_seed=sp.sampling_seed,
-                    return_logprob=True,
-                )
-                server, out, segment, failovers = await self._send(rid, payload, segment, prefer=server)
+                payload = self._payload(prompt + out_ids, sp, remaining)
+                server, outs, segment, failovers = await self._send([rid], payload, segment, prefer=server)
+                out = outs[0]
                 interruptions += failovers
                 self._append(out, out_ids, out_lps, out_versions)
                 if out.finish_type != "abort":
@@ -199,10 +248,7 @@ class SGLangClient:
                 if idle_aborts > 1:  # not a pause (the pause gate would hold us): back off
                     await asyncio.sleep(min(self.retry_backoff_s * 2 ** (idle_aborts - 2), 5.0))
         except asyncio.CancelledError:
-            if server is not None:  # best effort: free the server's slot for this rid
-                task = asyncio.get_running_loop().create_task(self._abort_quietly(server, rid))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+            self._abort_all_quietly(server, [rid])  # free the server's slot for this rid
             raise
         return GenerateResult(
             rid=rid,
@@ -227,10 +273,29 @@ class SGLangClient:
                 cache[v] = self._parse_version(v)
             versions.append(cache[v])
 
+    def _payload(self, input_ids: list[int], sp: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
+        return build_generate_payload(
+            input_ids,
+            max_new_tokens=max_new_tokens,
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            top_k=sp.top_k,
+            min_p=sp.min_p,
+            stop_token_ids=sp.stop_token_ids,
+            ignore_eos=sp.ignore_eos,
+            skip_special_tokens=sp.skip_special_tokens,
+            sampling_seed=sp.sampling_seed,
+            return_logprob=True,
+        )
+
     async def _send(
-        self, rid: str, payload: dict[str, Any], segment: int, *, prefer: str | None
-    ) -> tuple[str, GenerateOutput, int, int]:
-        """One segment with retries and failover; returns ``(server, reply, next_segment, n_failovers)``."""
+        self, rids: list[str], payload: dict[str, Any], segment: int, *, prefer: str | None
+    ) -> tuple[str, list[GenerateOutput], int, int]:
+        """One segment (of one request, or a batch: one rid each) with retries and failover.
+
+        Returns ``(server, replies in rid order, next_segment, n_failovers)``.
+        """
+        rid = rids[0]  # routing key of the batch
         errors: list[str] = []
         for round_ in range(self.max_retries + 1):
             tried: set[str] = set()
@@ -244,12 +309,13 @@ class SGLangClient:
                 if addr is None:
                     break
                 tried.add(addr)
-                payload["rid"] = f"{rid}-{segment}"
+                tagged = [f"{r}-{segment}" for r in rids]
+                payload["rid"] = tagged if len(rids) > 1 else tagged[0]
                 segment += 1
                 self.counters["segments"] += 1
                 self.pool.acquire(addr)
                 try:
-                    out = await self._post_generate(addr, payload)
+                    outs = await self._post_generate(addr, payload, len(rids))
                 except _Transient as e:
                     errors.append(str(e))
                     logger.warning("rid %s on %s: %s; trying another server", rid, addr, e)
@@ -263,7 +329,7 @@ class SGLangClient:
                     self.pool.release(addr)
                 self.pool.mark_up(addr)
                 self.pool.remember(rid, addr)
-                return addr, out, segment, len(errors)
+                return addr, outs, segment, len(errors)
             if round_ < self.max_retries:
                 self.counters["retries"] += 1
                 await asyncio.sleep(self.retry_backoff_s * 2**round_)
@@ -272,7 +338,8 @@ class SGLangClient:
             f"{len(self.pool.addresses)} server(s); last errors: {errors[-3:]}"
         )
 
-    async def _post_generate(self, addr: str, payload: dict[str, Any]) -> GenerateOutput:
+    async def _post_generate(self, addr: str, payload: dict[str, Any], n: int) -> list[GenerateOutput]:
+        """POST one ``/generate``; ``n`` replies are expected (``n > 1``: a batch, a JSON list back)."""
         session = self._get_session()
         try:
             async with session.post(base_url(addr) + ROUTE_GENERATE, json=payload) as resp:
@@ -281,7 +348,8 @@ class SGLangClient:
         except aiohttp.ConnectionTimeoutError as e:
             raise _Transient(f"connect timeout: {e}", down=True) from None
         except TimeoutError:
-            await self._abort_quietly(addr, payload["rid"])
+            for tagged in payload["rid"] if n > 1 else [payload["rid"]]:
+                await self._abort_quietly(addr, tagged)
             raise _Transient(f"no reply within {self.request_timeout_s}s", down=False) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
             raise _Transient(f"connection failed: {type(e).__name__}: {e}", down=True) from None
@@ -291,12 +359,27 @@ class SGLangClient:
             body = raw.decode(errors="replace")
         if status == 200:
             try:
-                return parse_generate_response(body)
+                if n == 1:
+                    return [parse_generate_response(body)]
+                if not isinstance(body, list) or len(body) != n:
+                    raise InvalidRequestError(
+                        f"a batch of {n} got {type(body).__name__} back, not {n} replies"
+                    )
+                return [parse_generate_response(item) for item in body]
             except (InvalidRequestError, KeyError, TypeError, ValueError) as e:
                 raise _Transient(f"malformed reply: {e}", down=False) from None
         if status in _RETRYABLE_STATUS:
             raise _Transient(f"HTTP {status}: {error_message(body)}", down=status == 503)
         raise InvalidRequestError(f"{addr} rejected the request (HTTP {status}): {error_message(body)}")
+
+    def _abort_all_quietly(self, addr: str | None, rids: list[str]) -> None:
+        """Best effort, in the background: free the server's slots of ``rids`` (a cancelled batch)."""
+        if addr is None:
+            return
+        for rid in rids:
+            task = asyncio.get_running_loop().create_task(self._abort_quietly(addr, rid))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def _abort_quietly(self, addr: str, rid: str) -> None:
         try:

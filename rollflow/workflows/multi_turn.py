@@ -23,13 +23,14 @@ What it is not: a tool-calling agent; it has no environment beyond the feedback 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
 
 from rollflow.api.inference import GenerateRequest, InferenceClient
-from rollflow.workflows.rlvr import RLVRWorkflow, check_result, render_chat
-from storage.schema import TrajectoryRow
+from rollflow.workflows.rlvr import RLVRWorkflow, check_result, merge_samples, render_chat
+from storage.schema import TrajectoryGroup, TrajectoryRow
 
 _SENTINEL = "\u2063ROLLFLOW-ASSISTANT-TURN\u2063"
 DEFAULT_FEEDBACK = "Your answer is not correct. Please try to answer it again."
@@ -56,6 +57,16 @@ class MultiTurnWorkflow(RLVRWorkflow):
         self.turn_discount = turn_discount
         self.feedback = feedback
         self.success_threshold = success_threshold
+
+    async def arun_episode(self, client: InferenceClient, data: dict[str, Any]) -> TrajectoryGroup | None:
+        """``group_size`` concurrent multi-turn samples of one prompt, merged into one group."""
+        messages = list(data["messages"])
+        prompt_ids = self.encode_prompt(messages)
+        samples = await asyncio.gather(
+            *(self.asample(client, data, messages, prompt_ids) for _ in range(self.group_size))
+        )
+        self.reward_counts.dropped_samples += sum(s is None for s in samples)
+        return merge_samples(str(data["prompt_id"]), samples)
 
     async def asample(
         self,

@@ -1,8 +1,8 @@
 """RLVRWorkflow: single-turn reinforcement learning from verifiable rewards, one group per prompt.
 
 What it is: for one dataset row ``{"prompt_id", "messages", "answer", ...}`` it applies the tokenizer's
-chat template (``add_generation_prompt=True``), runs ``group_size`` samples concurrently through the
-``InferenceClient``, scores each completion with the reward function (in a process pool, with a
+chat template (``add_generation_prompt=True``), runs ``group_size`` samples through the ``InferenceClient``
+(one batched request when the client can batch), scores the completions (one reward-worker round trip) with the reward function (in a process pool, with a
 timeout: a reward that raises or hangs scores 0 and is counted, see ``rollflow.rewards``), and returns
 one ``TrajectoryGroup``. Each row is ``prompt + completion`` with, per token (``[T] = [P + O]``):
 
@@ -27,7 +27,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rollflow.api.inference import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
+from rollflow.api.inference import (
+    GenerateRequest,
+    GenerateResult,
+    InferenceClient,
+    SamplingParams,
+    agenerate_all,
+)
 from rollflow.api.workflow import RolloutWorkflow, import_string
 from storage.schema import TrajectoryGroup, TrajectoryRow
 
@@ -170,29 +176,33 @@ class RLVRWorkflow(RolloutWorkflow):
         prompt_id = str(data["prompt_id"])
         messages = list(data["messages"])
         prompt_ids = self.encode_prompt(messages)
-        samples = await asyncio.gather(
-            *(self.asample(client, data, messages, prompt_ids) for _ in range(self.group_size))
-        )
-        dropped = sum(s is None for s in samples)
-        self.reward_counts.dropped_samples += dropped
+        requests = [
+            GenerateRequest(list(prompt_ids), self.sampling, rid=uuid.uuid4().hex)
+            for _ in range(self.group_size)
+        ]
+        results = await agenerate_all(client, requests)  # one batched first segment when the client can
+        for res in results:
+            check_result(res)
+        done = [res for res in results if res.finish_reason != "abort"]  # the client gave up on the rest
+        self.reward_counts.dropped_samples += len(results) - len(done)
+        scored = await self.ascore_many(messages, [self.decode(res.output_ids) for res in done], data)
+        samples = [
+            [self.build_row(data, prompt_ids, res, score, info)]
+            for res, (score, info) in zip(done, scored, strict=True)
+        ]
         return merge_samples(prompt_id, samples)
 
-    async def asample(
+    def build_row(
         self,
-        client: InferenceClient,
         data: dict[str, Any],
-        messages: list[dict[str, str]],
         prompt_ids: list[int],
-    ) -> list[TrajectoryRow] | None:
-        """One completion of the prompt, scored; None if the client aborted it."""
-        res = await client.agenerate(GenerateRequest(list(prompt_ids), self.sampling, rid=uuid.uuid4().hex))
-        check_result(res)
-        if res.finish_reason == "abort":
-            return None
-        completion = self.decode(res.output_ids)
-        score, info = await self.ascore(messages, completion, data)
+        res: GenerateResult,
+        score: float,
+        info: dict[str, Any],
+    ) -> TrajectoryRow:
+        """One scored completion of the prompt as a trajectory row (ids filled in by ``merge_samples``)."""
         n_prompt, n_out = len(prompt_ids), len(res.output_ids)
-        row = TrajectoryRow.build(
+        return TrajectoryRow.build(
             traj_id="pending",
             group_id="pending",
             prompt_id=str(data["prompt_id"]),
@@ -204,7 +214,6 @@ class RLVRWorkflow(RolloutWorkflow):
             finish_reason=res.finish_reason,
             extra=json.dumps(info) if info else "{}",
         )
-        return [row]
 
     # --- helpers shared with MultiTurnWorkflow ---------------------------------------------------------
 
@@ -219,9 +228,28 @@ class RLVRWorkflow(RolloutWorkflow):
         self, messages: list[dict[str, str]], completion: str, data: dict[str, Any]
     ) -> tuple[float, dict[str, Any]]:
         """(score, extra info for the row). Errors and timeouts score 0 and are counted, never raised."""
+        return (await self.ascore_many(messages, [completion], data))[0]
+
+    async def ascore_many(
+        self, messages: list[dict[str, str]], completions: Sequence[str], data: dict[str, Any]
+    ) -> list[tuple[float, dict[str, Any]]]:
+        """``ascore`` for several completions of one prompt: one reward-worker round trip when the runner
+        can take a batch (``AsyncRewardRunner.ascore_many``), else one call each."""
+        if not completions:
+            return []
         prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
         extra = {k: v for k, v in data.items() if k not in ("messages", "answer", "prompt_id")}
-        outcome = await self.reward_runner.ascore(prompt, completion, data.get("answer"), **extra)
+        answer = data.get("answer")
+        many = getattr(self.reward_runner, "ascore_many", None)
+        if many is not None:
+            outcomes = await many(prompt, list(completions), answer, **extra)
+        else:
+            outcomes = await asyncio.gather(
+                *(self.reward_runner.ascore(prompt, c, answer, **extra) for c in completions)
+            )
+        return [self._account(outcome) for outcome in outcomes]
+
+    def _account(self, outcome: Any) -> tuple[float, dict[str, Any]]:
         counts = self.reward_counts
         counts.scored += 1
         info: dict[str, Any] = {}

@@ -224,3 +224,48 @@ def test_bad_arguments_are_refused() -> None:
         AsyncRewardRunner(synthetic_reward_fn, max_workers=0)
     with pytest.raises(ValueError, match="timeout_s"):
         AsyncRewardRunner(synthetic_reward_fn, timeout_s=0)
+
+
+def test_ascore_many_scores_a_group_in_order_on_one_worker() -> None:
+    async def main() -> tuple[list[RewardOutcome], list[RewardOutcome], AsyncRewardRunner]:
+        async with (
+            AsyncRewardRunner(f"{FAKES}:echo_len_reward_fn", max_workers=2, timeout_s=30) as r,
+            AsyncRewardRunner(f"{FAKES}:pid_reward_fn", max_workers=2, timeout_s=30) as pid,
+        ):
+            group = await r.ascore_many("p", ["a", "bbb", "cc", "", "dddd"], "x", bonus=10)
+            pids = await pid.ascore_many("p", ["1", "2", "3"], "x")
+            return group, pids, r
+
+    group, pids, r = asyncio.run(main())
+    assert [o.score for o in group] == [11.0, 13.0, 12.0, 10.0, 14.0]
+    assert r.stats.calls == 5 and r.stats.errors == 0
+    assert len({o.score for o in pids}) == 1  # one worker answered the whole batch
+
+
+def test_ascore_many_a_hang_or_death_mid_batch_costs_only_that_call() -> None:
+    async def main() -> tuple[list[RewardOutcome], list[RewardOutcome], AsyncRewardRunner, AsyncRewardRunner]:
+        async with (
+            AsyncRewardRunner(f"{FAKES}:hanging_reward_fn", max_workers=1, timeout_s=1.0) as hang,
+            AsyncRewardRunner(f"{FAKES}:dying_reward_fn", max_workers=1, timeout_s=30) as die,
+        ):
+            hung = await hang.ascore_many("p", ["ok", "hang", "ok", "ok"], "a")
+            died = await die.ascore_many("p", ["ok", "die", "ok", "die", "ok"], "a")
+            return hung, died, hang, die
+
+    hung, died, hang, die = asyncio.run(main())
+    assert [o.timed_out for o in hung] == [False, True, False, False]
+    assert [o.score for o in hung] == [1.0, 0.0, 1.0, 1.0]  # the calls queued behind the hang were re-sent
+    assert hang.stats.calls == 4 and hang.stats.timeouts == 1 and hang.stats.worker_restarts == 1
+    assert [o.score for o in died] == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert "exit code 3" in (died[1].error or "") and "exit code 3" in (died[3].error or "")
+    assert die.stats.calls == 5 and die.stats.errors == 2 and die.stats.worker_restarts == 2
+
+
+def test_ascore_many_larger_than_the_pipe_buffer_is_sent_call_by_call() -> None:
+    big = "x" * (40 << 10)  # two of these exceed one pipe write's budget
+
+    async def main() -> list[RewardOutcome]:
+        async with AsyncRewardRunner(f"{FAKES}:echo_len_reward_fn", max_workers=1, timeout_s=30) as r:
+            return await r.ascore_many("p", [big, big, "c"], "x")
+
+    assert [o.score for o in asyncio.run(main())] == [float(len(big)), float(len(big)), 1.0]

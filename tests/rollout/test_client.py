@@ -95,6 +95,60 @@ def test_pause_mid_generation_resumes_within_the_token_budget(
     check_logprobs(interrupted, tiny_model_dir, inference_lib)
 
 
+def test_agenerate_many_batches_the_first_segment_and_resumes_each_member(
+    cpu_server: Any, tiny_model_dir: Path, inference_lib: Any
+) -> None:
+    """A group goes out as one batched /generate; a pause mid-batch returns partial outputs, and each
+    member resumes on its own to the same tokens as an uninterrupted greedy run."""
+    addr = cpu_server.addresses[0]
+    prompts = [PROMPT, [9, 10, 11], PROMPT]
+    sp = SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True)
+
+    async def go() -> tuple[list[GenerateResult], list[GenerateResult], dict[str, int]]:
+        client = SGLangClient(cpu_server.addresses)
+        try:
+            task = asyncio.create_task(
+                client.agenerate_many([GenerateRequest(p, sp, rid=f"g-{i}") for i, p in enumerate(prompts)])
+            )
+            await wait_tokens(addr, 60)
+            await asyncio.to_thread(client.pause)
+            await asyncio.sleep(0.2)
+            await asyncio.to_thread(client.resume)
+            batched = await task
+            counters = dict(client.counters)
+            straight = [await client.agenerate(GenerateRequest(p, sp)) for p in prompts]
+            return batched, straight, counters
+        finally:
+            await client.aclose()
+
+    batched, straight, counters = asyncio.run(go())
+    assert [r.rid for r in batched] == ["g-0", "g-1", "g-2"]
+    assert [r.input_ids for r in batched] == prompts
+    assert counters["requests"] == 3
+    # One batched segment, then one continuation per interrupted member (not three first segments).
+    assert counters["segments"] == 1 + sum(r.n_interruptions for r in batched)
+    assert any(r.n_interruptions >= 1 for r in batched)
+    for r, ref in zip(batched, straight, strict=True):
+        assert r.finish_reason == "length" and len(r.output_ids) == 300
+        assert r.output_ids == ref.output_ids  # greedy, same weights: the resumed run equals the straight one
+        assert len(r.output_logprobs) == len(r.output_versions) == 300
+    check_logprobs(batched[1], tiny_model_dir, inference_lib)
+
+
+def test_agenerate_many_with_different_sampling_sends_each_alone(cpu_server: Any) -> None:
+    async def go() -> tuple[list[GenerateResult], dict[str, int]]:
+        client = SGLangClient(cpu_server.addresses)
+        try:
+            out = await client.agenerate_many([greedy(5, rid="a"), greedy(7, rid="b")])
+            return out, dict(client.counters)
+        finally:
+            await client.aclose()
+
+    out, counters = asyncio.run(go())
+    assert [len(r.output_ids) for r in out] == [5, 7] and [r.rid for r in out] == ["a", "b"]
+    assert counters["requests"] == 2 and counters["segments"] == 2
+
+
 def test_bad_request_raises_at_once_without_retries(cpu_server: Any) -> None:
     async def go() -> SGLangClient:
         client = SGLangClient(cpu_server.addresses, retry_backoff_s=0.01)
