@@ -123,6 +123,41 @@ def test_rlvr_group_rows_with_the_real_server(
     assert completion in {tok.decode(r.input_ids[p:], skip_special_tokens=True) for r in group.rows}
 
 
+def test_rlvr_sends_a_group_as_one_batch_and_scores_it_in_one_round_trip(
+    cpu_server: Any, tiny_model_dir: Path, inference_lib: Any
+) -> None:
+    """With the real client and the real reward runner a group of 4 is one /generate and one worker
+    round trip, and its rows are as exact as the per-sample path's."""
+    from rollflow.rewards import AsyncRewardRunner
+    from rollflow.rewards.synthetic import synthetic_reward_fn
+    from rollflow.rollout.client import SGLangClient
+
+    tok = _tokenizer(tiny_model_dir)
+
+    async def run() -> tuple[TrajectoryGroup | None, dict[str, int], Any]:
+        client = SGLangClient(cpu_server.addresses)
+        async with AsyncRewardRunner(synthetic_reward_fn, max_workers=2, timeout_s=30) as runner:
+            wf = RLVRWorkflow(
+                synthetic_reward_fn, tok, SamplingParams(max_new_tokens=8), group_size=4, reward_runner=runner
+            )
+            try:
+                group = await wf.arun_episode(client, dict(ROW))
+            finally:
+                await client.aclose()
+            return group, dict(client.counters), runner.stats
+
+    group, counters, stats = asyncio.run(run())
+    assert group is not None and len(group.rows) == 4
+    assert counters["requests"] == 4 and counters["segments"] == 1
+    assert stats.calls == 4 and stats.worker_restarts == 0
+    for row in group.rows:
+        _assert_teacher_forced(inference_lib, tiny_model_dir, row)
+        completion = tok.decode(
+            [t for t, m in zip(row.input_ids, row.loss_mask, strict=True) if m], skip_special_tokens=True
+        )
+        assert row.reward == synthetic_reward_fn("12+30=?", completion, "42")
+
+
 def test_multi_turn_loss_mask_covers_model_tokens_only(
     cpu_server: Any, tiny_model_dir: Path, inference_lib: Any
 ) -> None:
