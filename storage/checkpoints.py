@@ -12,7 +12,10 @@ Protocol for version N (keys in `storage.keys`):
    version, and every watcher in this process that `subscribe`d to the trial is woken.
 
 Readers never see a half-written checkpoint: `resolve_latest` returns only committed versions (falling
-back to the newest committed one, with a warning, if LATEST names an uncommitted version). Before
+back to the newest committed one, with a warning, if LATEST names an uncommitted version). A malformed
+LATEST (not JSON, `Infinity`, a version that is not an int >= 0) is an error, never a stall: it is
+logged at ERROR, `latest_problem()` says what is wrong (the watcher turns it into an error event),
+readers fall back to the newest committed version, and the next publish replaces it. Before
 every load the size and digest of every file are checked against COMMIT.json: `verified_dir` checks a
 local root's files in place (nothing is copied) and downloads an S3 checkpoint into a cache (hashing
 while downloading); `fetch` always makes a verified private copy.
@@ -105,6 +108,25 @@ def _parse_commit(raw: bytes, version: int) -> dict[str, Any]:
     return doc
 
 
+def parse_latest(raw: bytes) -> int:
+    """The version in a LATEST document `{"version": N, "path": ...}`; ValueError saying what is wrong.
+
+    N must be a JSON integer >= 0: `-1`, `Infinity`, `1e9` (a float), `true` and junk are refused.
+    """
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except ValueError as e:  # also bad UTF-8
+        raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(doc, dict) or "version" not in doc:
+        raise ValueError('not an object with a "version"')
+    v = doc["version"]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"version {v!r} is not an integer >= 0")
+    return v
+
+
 def _algo(doc: Mapping[str, Any]) -> str:
     """The digest algorithm of a COMMIT.json document (format 1 predates the field: sha256)."""
     return str(doc.get("hash", "sha256"))
@@ -146,6 +168,7 @@ class CheckpointStore:
         self.ack_ttl_s = ack_ttl_s
         self.max_workers = max_workers
         self.hash_algo = hash_algo or default_hash_algo()
+        self._latest_problem: str | None = None
         if self.hash_algo not in HASH_ALGOS:
             raise ValueError(f"hash_algo must be one of {HASH_ALGOS}, got {self.hash_algo!r}")
 
@@ -279,14 +302,33 @@ class CheckpointStore:
                 f"checkpoint v{version:06d} is already committed with different files; versions are immutable"
             )
 
-    def _advance_latest(self, version: int) -> None:
+    def _read_latest(self) -> int | None:
+        """The version LATEST names, or None if it is absent or malformed (then `latest_problem()` says
+        why, and the problem is logged at ERROR once per distinct text).
+        """
+        problem = None
+        v: int | None = None
         try:
-            current = self.storage.get_json(keys.LATEST_KEY)
-            cur_v = int(current["version"])
+            v = parse_latest(self.storage.get_bytes(keys.LATEST_KEY))
         except FileNotFoundError:
+            pass
+        except ValueError as e:
+            problem = f"{keys.LATEST_KEY} is malformed ({e}); using the newest committed version"
+        if problem is not None and problem != self._latest_problem:
+            logger.error("%s", problem)
+        self._latest_problem = problem
+        return v
+
+    def latest_problem(self) -> str | None:
+        """Why the last read of LATEST found it malformed; None if it was fine or absent."""
+        return self._latest_problem
+
+    def _advance_latest(self, version: int) -> None:
+        cur_v = self._read_latest()
+        if cur_v is None:
             cur_v = -1
-        except (ValueError, KeyError, TypeError):
-            logger.warning("checkpoints/LATEST is malformed; replacing it")
+        if cur_v > version and not self.storage.exists(keys.checkpoint_commit_key(cur_v)):
+            logger.error("checkpoints/LATEST names v%06d, which is not committed; replacing it", cur_v)
             cur_v = -1
         if cur_v > version:
             logger.warning("not moving LATEST back from v%06d to v%06d", cur_v, version)
@@ -328,10 +370,7 @@ class CheckpointStore:
 
     def latest_version(self) -> int | None:
         """The version LATEST names (one small read), committed or not; None if absent or malformed."""
-        try:
-            return int(self.storage.get_json(keys.LATEST_KEY)["version"])
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return None
+        return self._read_latest()
 
     # --- resolve ------------------------------------------------------------------------------------------
 
@@ -369,14 +408,7 @@ class CheckpointStore:
 
     def resolve_latest(self) -> CheckpointRef | None:
         """The checkpoint LATEST names if it is committed; else the newest committed one (warning); else None."""
-        try:
-            latest = self.storage.get_json(keys.LATEST_KEY)
-            v = int(latest["version"])
-        except FileNotFoundError:
-            v = None
-        except (ValueError, KeyError, TypeError):
-            logger.warning("checkpoints/LATEST is malformed; using the newest committed version")
-            v = None
+        v = self._read_latest()
         if v is not None:
             try:
                 return self.get(v)

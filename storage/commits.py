@@ -2,7 +2,8 @@
 
 Protocol (delta-rs style): the shard is written first, in one put; then its record is written with an
 exclusive put under a key unique to (writer, seq). Readers trust only records, so a shard without a record
-does not exist, and a record names exactly one immutable shard with its size and sha256.
+does not exist, and a record names exactly one immutable shard with its size and sha256. The shard's key
+is derived from (writer, seq) too, so no two records can name one shard.
 
 This module is the record's format and validation only; it does no I/O (see `shard_writer`,
 `shard_reader`).
@@ -97,10 +98,14 @@ class CommitRecord:
             raise bad(f"commit_id != writer-seq ({expected_id!r})")
         if self.key != expected_key:
             raise bad(f"key {self.key!r} != {expected_key!r}")
-        if not (self.shard_key.startswith(keys.SHARD_DIR + "/") and self.shard_key.endswith(".parquet")):
-            raise bad(f"shard_key {self.shard_key!r} is not under {keys.SHARD_DIR}/")
-        if ".." in self.shard_key.split("/"):
-            raise bad("shard_key contains '..'")
+        # The shard key is derived from (writer, seq) like the record key, so two records (each unique
+        # by its exclusive put) can never name the same shard and deliver its groups twice.
+        expected_shard = keys.shard_key(self.writer, f"{self.seq:08d}")
+        if self.shard_key != expected_shard:
+            raise bad(
+                f"shard_key {self.shard_key!r} != {expected_shard!r}: a record names only its own "
+                "writer's shard (a second record for an already-committed shard is refused)"
+            )
         if not _SHA256_RE.match(self.sha256):
             raise bad("sha256 is not 64 lowercase hex digits")
         if self.size <= 0 or self.rows < 1 or self.groups < 1 or self.groups > self.rows:

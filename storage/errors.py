@@ -24,6 +24,13 @@ class SchemaMismatchError(StorageError):
         super().__init__(f"schema mismatch in field {field!r}: {reason}")
 
 
+class NonFiniteValueError(SchemaMismatchError):
+    """A reward or behaviour logprob is NaN or +-inf in float32 (a reward of 1e39 becomes inf there).
+
+    Raised on write (the group is refused) and on read (the shard is quarantined); `field` names the column.
+    """
+
+
 class InvalidTrajectoryError(StorageError, ValueError):
     """A `TrajectoryRow` / `TrajectoryGroup` breaks an invariant (list lengths, loss mask, head/tail)."""
 

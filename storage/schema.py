@@ -13,6 +13,7 @@ Per-token invariants, checked vectorised in `validate_table` on write and on rea
     tail_version = max{versions[t] : loss_mask[t] == 1}   (-1 if the row has no loss token)
 
 Example (hand-worked): versions = [-1, -1, 3, 3, 4], loss_mask = [0, 0, 1, 1, 1] -> head 3, tail 4.
+Values (`storage.validate.check_values`): rewards and logprobs finite in float32, token ids >= 0.
 A group's head is the min over its rows' heads that are >= 0 (rows without policy tokens don't count).
 """
 
@@ -30,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.errors import InvalidTrajectoryError, SchemaMismatchError
+from storage.validate import check_values
 
 SCHEMA_VERSION: int = 1
 SCHEMA_VERSION_KEY: bytes = b"rollflow.schema_version"
@@ -224,7 +226,8 @@ def _list_array(rows: list[TrajectoryRow], name: str) -> pa.ListArray:
         if seqs and all(isinstance(s, np.ndarray) for s in seqs):
             values = np.concatenate(seqs).astype(dtype, copy=False)
         else:
-            values = np.fromiter(itertools.chain.from_iterable(seqs), dtype=dtype, count=total)
+            with np.errstate(over="ignore"):  # a float beyond float32 becomes inf: check_values names it
+                values = np.fromiter(itertools.chain.from_iterable(seqs), dtype=dtype, count=total)
     except (OverflowError, ValueError, TypeError) as e:
         raise SchemaMismatchError(name, f"values do not fit {np.dtype(dtype).name}: {e}") from None
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
@@ -345,6 +348,7 @@ def validate_table(table: pa.Table, *, expected_version: int = SCHEMA_VERSION, d
             raise SchemaMismatchError(f.name, "null token value(s)")
     if deep and table.num_rows:
         _validate_rows(table)
+        check_values(table)
 
 
 def _validate_rows(table: pa.Table) -> None:

@@ -2,7 +2,8 @@
 
 The reader trusts only commit records (a shard without one does not exist). Before a shard's groups are
 used it checks, in order: size, sha256, Parquet decodability, schema + schema_version + per-row
-invariants (`validate_table`), and that the row/group counts match the record. A shard failing any check
+invariants + finite values (`validate_table`), token ids against `vocab_size` when given, and that the
+row/group counts match the record. Any failure to parse a record is quarantined too, naming its key. A shard failing any check
 is quarantined: its record is copied, with the reason, to `trajectories/quarantine/{commit_id}.json`, the
 error is logged at ERROR and counted, and the commit is marked consumed so it never blocks the reader.
 The shard itself is left in place for a human. Transient I/O errors (anything but a missing key) are
@@ -18,7 +19,6 @@ What this is NOT: a writer or a sampler; `take` is FIFO by (record.created_at, c
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 import time
@@ -35,6 +35,7 @@ from storage.commits import CommitRecord
 from storage.errors import CorruptShardError, SchemaMismatchError
 from storage.fs import Storage
 from storage.schema import SCHEMA_VERSION, TrajectoryGroup, table_to_groups, validate_table
+from storage.validate import check_token_ids, parse_commit_record
 
 logger = logging.getLogger(__name__)
 
@@ -168,8 +169,10 @@ class ShardReader:
         cursor: ReaderCursor | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        vocab_size: int | None = None,
     ) -> None:
         self.storage = storage
+        self.vocab_size = vocab_size  # token ids >= this quarantine the shard (None: not checked)
         self.cursor = cursor if cursor is not None else ReaderCursor()
         self._clock = clock
         self._records: dict[str, CommitRecord] = {}  # record key -> record (records are immutable)
@@ -212,10 +215,8 @@ class ShardReader:
                 except FileNotFoundError:
                     continue  # deleted between list and get
                 try:
-                    rec = CommitRecord.from_json(json.loads(raw))
-                    if rec.key != key:
-                        raise CorruptShardError(f"record stored at {key} names itself {rec.key}")
-                except (ValueError, CorruptShardError) as e:
+                    rec = parse_commit_record(raw, key)
+                except CorruptShardError as e:
                     self._quarantine(cid, key, None, f"unreadable commit record: {e}", cursor, result)
                     self._bad_keys.add(key)
                     continue
@@ -313,6 +314,8 @@ class ShardReader:
             data = self.storage.get_bytes(rec.shard_key)
         except FileNotFoundError:
             raise CorruptShardError(f"shard {rec.shard_key} named by the record is missing") from None
+        except (IsADirectoryError, NotADirectoryError):
+            raise CorruptShardError(f"shard {rec.shard_key} named by the record is not a file") from None
         if len(data) != rec.size:
             raise CorruptShardError(f"shard size {len(data)} != {rec.size} in the record (truncated?)")
         digest = hashlib.sha256(data).hexdigest()
@@ -324,6 +327,8 @@ class ShardReader:
             raise CorruptShardError(f"shard is not readable Parquet: {e}") from None
         try:
             validate_table(table, expected_version=SCHEMA_VERSION)
+            if self.vocab_size is not None:
+                check_token_ids(table, self.vocab_size)
         except SchemaMismatchError as e:
             raise CorruptShardError(f"foreign or invalid shard: {e}") from None
         groups = table_to_groups(table)

@@ -508,7 +508,9 @@ class TrainConfig:
         default=True,
         metadata=_help(
             "Decoupled PPO (AReaL): ratio against the recomputed proximal policy, importance weight "
-            "exp(prox - behav). Off: the behaviour logprobs are the proximal ones."
+            "exp(prox - behav). Off: the behaviour logprobs are the proximal ones. Needs unfiltered "
+            "sampling (top_p 1, top_k -1, min_p 0): the server reports logprobs of the unfiltered "
+            "distribution, so with filtering exp(prox - behav) is not the importance weight."
         ),
     )
     behav_imp_weight_cap: float | None = field(
@@ -679,6 +681,29 @@ class ExperimentConfig:
                 self.rollout.max_staleness == 0,
                 "rollout.max_staleness",
                 "must be 0 when rollout.pause_during_training is on (the synchronous baseline)",
+            )
+        gen = self.rollout.generation
+        filters = [
+            f"{name}={value}"
+            for name, value, off in (
+                ("top_p", gen.top_p, 1.0),
+                ("top_k", gen.top_k, -1),
+                ("min_p", gen.min_p, 0.0),
+            )
+            if value != off
+        ]
+        if self.train.use_decoupled_loss and filters:
+            # The server reports log p(token) of the temperature-scaled distribution BEFORE filtering
+            # (SGLang's semantics), but samples from the filtered, renormalised one q. The true weight
+            # is pi_prox / q = exp(prox - behav) * Z_kept, with Z_kept < 1 varying per token, so the
+            # decoupled loss would train on silently wrong importance weights.
+            _check(
+                False,
+                "train.use_decoupled_loss",
+                f"cannot be on with filtered sampling ({', '.join(filters)} in rollout.generation): the "
+                "behaviour logprobs come from the unfiltered distribution, so exp(prox - behav) is not the "
+                "importance weight. Set train.use_decoupled_loss=false (PPO against the behaviour "
+                "logprobs) or turn the filters off (top_p=1.0, top_k=-1, min_p=0.0)",
             )
         if self.dataset.kind == "synthetic":
             _check(

@@ -24,7 +24,8 @@ LATEST every ``local_poll_interval_s`` shows that it was replaced (a sidecar or 
 So generation stops only for the load itself (``pause_s``), never for the trainer's save or the verification.
 Records ``publish_to_serving_s`` (COMMIT.json's ``created_at`` -> all servers serve N) and ``pause_s`` in
 ``events`` and the metrics sink. A corrupt or missing checkpoint, or a server refusing the weights, is
-logged and recorded as an ``error`` event; the old version keeps serving and the version is retried on
+logged and recorded as an ``error`` event, and so is a malformed ``LATEST`` (the store then falls back
+to the newest committed version); the old version keeps serving and the version is retried on
 later polls with exponential backoff (``poll_interval_s * 2**k``, capped at ``max_backoff_s``), while a newer
 version is tried at once.
 
@@ -83,6 +84,8 @@ class CheckpointSource(Protocol):
     def resolve_latest(self) -> Any | None: ...  # an object with .version: int and .created_at: float
 
     def latest_token(self) -> Any | None: ...  # cheap fingerprint of LATEST; None where there is none
+
+    def latest_problem(self) -> str | None: ...  # why the last read found LATEST malformed, else None
 
     def subscribe(self) -> threading.Event: ...  # set when this process moves LATEST forward
 
@@ -156,6 +159,7 @@ class CheckpointWatcher:
         self.keep_cached = max(1, keep_cached)
         self.max_backoff_s = max_backoff_s
         self.events: list[WatcherEvent] = []
+        self._latest_problem: str | None = None  # last malformed-LATEST problem reported as an event
         self.serving_version: int | None = None  # the version every server serves
         self._failures: dict[int, tuple[int, float]] = {}  # version -> (attempts, retry not before)
         self._lock = threading.Lock()
@@ -205,6 +209,7 @@ class CheckpointWatcher:
         except Exception as e:
             logger.warning("cannot read LATEST: %s", e)
             return None
+        self._note_latest_problem(self.store.latest_problem(), ref)
         if ref is None:
             return None
         v = int(ref.version)
@@ -300,6 +305,22 @@ class CheckpointWatcher:
             return True, time.perf_counter() - t0, ""
         except InferenceError as e:
             return False, 0.0, str(e)
+
+    def _note_latest_problem(self, problem: str | None, ref: Any | None) -> None:
+        """A malformed LATEST is an error event (once per distinct problem); the store already fell
+        back to the newest committed version, so updates go on.
+        """
+        if problem is None or problem == self._latest_problem:
+            self._latest_problem = problem
+            return
+        self._latest_problem = problem
+        v = int(ref.version) if ref is not None else -1
+        with self._lock:
+            self.events.append(
+                WatcherEvent("error", v, time.time(), servers=list(self.servers), message=problem)
+            )
+            n_errors = sum(1 for e in self.events if e.kind == "error")
+        self.metrics.log({"watcher/errors": float(n_errors)}, step=max(v, 0))
 
     def _retract(self, v: int, server_ids: Sequence[str]) -> None:
         for sid in server_ids:

@@ -176,8 +176,9 @@ class PolicyActor:
                     token_loss = res.token_loss  # [b, t]
                     if mb.ref_logp is not None and cfg.kl_ctl > 0:
                         kl = kl_estimate(logp, mb.ref_logp, cfg.kl_estimator)  # [b, t]
-                        token_loss = token_loss + cfg.kl_ctl * kl * mask
-                        sums["kl"] += (kl.detach() * mask).sum().double()
+                        kl = torch.where(mask.bool(), kl, torch.zeros_like(kl))  # [b, t] no 0 * NaN
+                        token_loss = token_loss + cfg.kl_ctl * kl
+                        sums["kl"] += kl.detach().sum().double()
                     loss = aggregate(token_loss, mask, cfg.loss_agg, normalizer=norm)
                     (loss * ctx.world_size).backward()
                 with torch.no_grad():

@@ -20,6 +20,12 @@ With the decoupled loss off the caller passes ``prox_logp = behav_logp``, so ``w
 standard PPO with ratio ``exp(logp - behav_logp)``. The log ratio is clamped to [-20, 20] before exp
 (float32 overflows past ~88); tokens that far off-policy are clipped by any sane eps anyway.
 
+Masked positions (loss_mask = 0: prompt, padding, environment tokens) never reach the loss, but a
+product is no guard: in the backward pass ``0 * NaN = NaN``, so one NaN behaviour logprob on a prompt
+token would turn the whole step's gradient NaN. Every input is therefore replaced by 0 at masked
+positions (``torch.where``, whose backward passes exactly 0 there) before any arithmetic, and
+``aggregate`` selects rather than multiplies.
+
 Aggregation over a micro-batch (``normalizer`` lets the caller divide by a count over the whole
 minibatch, all micro-batches and ranks, so gradient accumulation reproduces the full-batch loss):
 
@@ -75,9 +81,11 @@ def ppo_actor_loss(
         raise ValueError(f"unknown behav_imp_weight_mode {behav_imp_weight_mode!r}; use 'mask' or 'truncate'")
     mask = loss_mask.bool()  # [B, T]
     eps_high = eps_clip if eps_clip_higher is None else eps_clip_higher
-    prox_logp = prox_logp.detach()
-    behav_logp = behav_logp.detach()
-    adv = advantages.detach()
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    logp = torch.where(mask, logp, zero)  # [B, T] masked positions: a constant, gradient exactly 0
+    prox_logp = torch.where(mask, prox_logp.detach(), zero)  # [B, T]
+    behav_logp = torch.where(mask, behav_logp.detach(), zero)  # [B, T]
+    adv = torch.where(mask, advantages.detach(), zero)  # [B, T]
 
     log_ratio = (logp - prox_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)  # [B, T]
     ratio = torch.exp(log_ratio)  # [B, T]
@@ -131,12 +139,13 @@ def aggregate(
     this batch (sequences without loss tokens do not count).
     """
     m = loss_mask.to(values.dtype)  # [B, T]
+    kept = torch.where(loss_mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
     if mode == "token-mean":
         denom = normalizer if normalizer is not None else m.sum().clamp_min(1.0)
-        return (values * m).sum() / denom
+        return kept.sum() / denom
     if mode == "seq-mean":
         n_tok = m.sum(-1)  # [B]
-        per_seq = (values * m).sum(-1) / n_tok.clamp_min(1.0)  # [B]
+        per_seq = kept.sum(-1) / n_tok.clamp_min(1.0)  # [B]
         denom = normalizer if normalizer is not None else (n_tok > 0).sum().clamp_min(1).to(values.dtype)
         return per_seq.sum() / denom
     raise ValueError(f"unknown loss_agg {mode!r}; use 'token-mean' or 'seq-mean'")

@@ -122,3 +122,49 @@ def test_approx_kl_metric() -> None:
     # r = 2: (r - 1) - ln r = 1 - 0.693147 = 0.306853; r = 1: 0
     out, _ = _loss([2.0, 1.0], [1.0, 1.0])
     torch.testing.assert_close(out.approx_kl[0], torch.tensor([1 - math.log(2.0), 0.0]))
+
+
+@pytest.mark.parametrize("poisoned", ["behav", "prox", "adv", "logp"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_at_masked_position_does_not_poison_gradient(poisoned: str, bad: float) -> None:
+    # Token 0 is a masked prompt token the model finds near-certain (logp -0.01; the trainer's recomputed
+    # prox is 0 at masked positions, so the ratio there is ~1, inside the clip range) and it carries its
+    # sequence's advantage like every token; tokens 1-2 are trained on. A NaN / inf input at token 0 must
+    # leave the loss and every gradient exactly as with a clean value (before the guard, 0 * NaN = NaN in
+    # the backward pass of the masked product made the whole gradient NaN).
+    def run(value: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = {
+            "logp": torch.tensor([[-0.01, -1.0, -2.0]]),
+            "prox": torch.tensor([[0.0, -1.1, -1.9]]),
+            "behav": torch.tensor([[0.0, -1.2, -2.1]]),
+            "adv": torch.tensor([[0.5, 1.0, -1.0]]),
+        }
+        if value is not None:
+            inputs[poisoned][0, 0] = value
+        logp = inputs["logp"].requires_grad_(True)
+        out = ppo_actor_loss(
+            logp, inputs["prox"], inputs["behav"], inputs["adv"], torch.tensor([[0, 1, 1]]),
+            behav_imp_weight_cap=5.0,
+        )  # fmt: skip
+        loss = aggregate(out.token_loss, torch.tensor([[0, 1, 1]]))
+        loss.backward()
+        return loss.detach(), logp.grad  # type: ignore[return-value]
+
+    clean_loss, clean_grad = run(None)
+    loss, grad = run(bad)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    torch.testing.assert_close(loss, clean_loss)
+    torch.testing.assert_close(grad, clean_grad)
+    assert grad[0, 0] == 0.0
+
+
+def test_aggregate_ignores_non_finite_masked_values() -> None:
+    # token-mean over the two kept tokens: (1 + 3) / 2 = 2; seq-mean: row 0 (1 + 3) / 2 = 2, row 1 has
+    # no loss token and does not count -> 2. The inf / NaN at masked positions change nothing.
+    values = torch.tensor([[1.0, math.inf, 3.0], [math.nan, math.nan, math.nan]], requires_grad=True)
+    mask = torch.tensor([[1, 0, 1], [0, 0, 0]])
+    for mode in ("token-mean", "seq-mean"):
+        out = aggregate(values, mask, mode)  # type: ignore[arg-type]
+        assert out.item() == pytest.approx(2.0)
+        (grad,) = torch.autograd.grad(out, values)
+        torch.testing.assert_close(grad, torch.tensor([[0.5, 0.0, 0.5], [0.0, 0.0, 0.0]]))
