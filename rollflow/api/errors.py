@@ -52,6 +52,14 @@ class ServerStartupError(InferenceError):
     """A launched inference server exited or never became healthy; the message ends with its log tail."""
 
 
+class RewardInfrastructureError(RollflowError):
+    """No reward worker could score a sample (it died or never started, retries included).
+
+    Not a judgement of the completion: the workflow drops the sample's group and counts it instead of
+    training on a made-up reward of 0.
+    """
+
+
 class RolloutFailureError(RollflowError):
     """The rollout loop stopped because too many episodes raised; quotes the first traceback."""
 

@@ -4,11 +4,16 @@ What it is. ``await runner.ascore(prompt, completion, answer, **data)`` runs the
 ``rollflow.rewards.protocol``) in one of ``max_workers`` long-lived worker processes and returns a
 ``RewardOutcome(score, error, timed_out)``. It never raises for a bad reward:
 
-* the function raises, returns a non-number or NaN, or its worker dies -> score 0.0, ``error`` set;
+* the function raises, or returns a non-number, NaN, inf or ``|r| > 1e6`` (``check_reward``) ->
+  score 0.0, ``error`` set: a judgement of the completion;
 * it runs longer than ``timeout_s`` -> score 0.0, ``timed_out=True``; that worker is killed (SIGKILL)
   and replaced, so a hung reward never keeps a slot. Other calls in flight are not touched: each
   worker runs one call at a time, which is why this is a small pool of our own rather than
-  ``ProcessPoolExecutor`` (which cannot kill one hung task without breaking every other one).
+  ``ProcessPoolExecutor`` (which cannot kill one hung task without breaking every other one);
+* its worker dies or never starts -> the call is retried on a fresh worker, up to
+  ``infra_retries`` times; if it still has no answer, ``infra_error=True``. Reward infrastructure is
+  not a reward: a caller must not train on that outcome's 0.0 (``RLVRWorkflow`` drops the group and
+  counts it).
 
 Each outcome is counted in ``.stats`` (calls, errors, timeouts, worker restarts) and failures are
 logged. The timeout covers the call itself, not the wait for a free worker or a worker's start-up
@@ -48,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rollflow.rewards.protocol import reward_fn_name
+from rollflow.rewards.protocol import RewardValueError, check_reward, reward_fn_name
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +65,16 @@ _STARTUP_TIMEOUT_S = 120.0  # importing a heavy reward module (sympy, ...) on a 
 
 @dataclass(frozen=True)
 class RewardOutcome:
-    """The result of one reward call. ``score`` is 0.0 whenever ``error`` is set or ``timed_out``."""
+    """The result of one reward call. ``score`` is 0.0 whenever ``error`` is set or ``timed_out``.
+
+    ``infra_error``: no worker could answer (it died or never started, retries included), so ``score``
+    says nothing about the completion and must not be trained on.
+    """
 
     score: float
     error: str | None = None
     timed_out: bool = False
+    infra_error: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,8 @@ class RewardStats:
     errors: int = 0  # raised, returned a bad value, or the worker died (not counting timeouts)
     timeouts: int = 0
     worker_restarts: int = 0  # workers killed on timeout/cancel or found dead, then replaced
+    infra_retries: int = 0  # calls sent again to a fresh worker after theirs died or never started
+    infra_failures: int = 0  # calls that got no answer after every retry (``infra_error``)
 
 
 class _Worker:
@@ -181,6 +193,8 @@ class AsyncRewardRunner:
         fn: the reward function, or its import string ``"pkg.module:name"``.
         max_workers: worker processes, i.e. calls that run at once; more calls wait for a free one.
         timeout_s: a call running longer scores 0.0 with ``timed_out=True``; its worker is replaced.
+        infra_retries: how many times a call whose worker died (or never started) is sent to a fresh
+            worker before its outcome is ``infra_error``.
 
     Raises:
         WorkflowImportError: ``fn`` cannot be imported by name (a lambda, a nested function, ...).
@@ -192,6 +206,7 @@ class AsyncRewardRunner:
         *,
         max_workers: int = 2,
         timeout_s: float = 10.0,
+        infra_retries: int = 1,
     ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
@@ -200,6 +215,9 @@ class AsyncRewardRunner:
         self.fn_name = reward_fn_name(fn)
         self.max_workers = max_workers
         self.timeout_s = float(timeout_s)
+        if infra_retries < 0:
+            raise ValueError(f"infra_retries must be >= 0, got {infra_retries}")
+        self.infra_retries = infra_retries
         self._stats = RewardStats()
         self._workers: list[_Worker] = []
         self._idle: asyncio.Queue[_Worker] | None = None
@@ -269,20 +287,14 @@ class AsyncRewardRunner:
         request_id = json.loads(payload)["id"]
         worker = await idle.get()
         self._in_flight += 1
-        outcome: RewardOutcome | None = None
+        outcome = RewardOutcome(0.0, error="not scored", infra_error=True)
         try:
-            if not worker.ready:
-                try:
-                    hello = await worker.arecv(_STARTUP_TIMEOUT_S)
-                except (asyncio.TimeoutError, TimeoutError, EOFError) as exc:
-                    hello = {"error": f"reward worker did not start: {exc!r}"}
-                if "error" in hello:
-                    worker = self._retire(worker, "start-up failed")
-                    outcome = RewardOutcome(0.0, error=str(hello["error"]))
-                else:
-                    worker.ready = True
-            if outcome is None:
-                outcome, worker = await self._call(worker, payload, request_id)
+            for attempt in range(self.infra_retries + 1):
+                if attempt:
+                    self._stats = replace(self._stats, infra_retries=self._stats.infra_retries + 1)
+                outcome, worker = await self._attempt(worker, payload, request_id)
+                if not outcome.infra_error:
+                    break
         except BaseException:
             # Cancelled mid-call: the worker's late reply would be read as the next call's, so replace it.
             worker = self._retire(worker, "call cancelled")
@@ -296,6 +308,21 @@ class AsyncRewardRunner:
         self._count(outcome, completion)
         return outcome
 
+    async def _attempt(
+        self, worker: _Worker, payload: bytes, request_id: int
+    ) -> tuple[RewardOutcome, _Worker]:
+        """Start ``worker`` if needed, then make the call; a dead or unstartable worker is replaced."""
+        if not worker.ready:
+            try:
+                hello = await worker.arecv(_STARTUP_TIMEOUT_S)
+            except (asyncio.TimeoutError, TimeoutError, EOFError) as exc:
+                hello = {"error": f"reward worker did not start: {exc!r}"}
+            if "error" in hello:
+                worker = self._retire(worker, "start-up failed")
+                return RewardOutcome(0.0, error=str(hello["error"]), infra_error=True), worker
+            worker.ready = True
+        return await self._call(worker, payload, request_id)
+
     async def _call(self, worker: _Worker, payload: bytes, request_id: int) -> tuple[RewardOutcome, _Worker]:
         t0 = time.monotonic()
         try:
@@ -307,14 +334,19 @@ class AsyncRewardRunner:
         except (EOFError, OSError) as exc:
             code = await asyncio.to_thread(_exit_code, worker.process)
             worker = self._retire(worker, f"worker died, exit code {code}")
-            return RewardOutcome(0.0, error=f"reward worker died (exit code {code}): {exc!r}"), worker
+            error = f"reward worker died (exit code {code}): {exc!r}"
+            return RewardOutcome(0.0, error=error, infra_error=True), worker
         if reply.get("id") != request_id:  # cannot happen unless the protocol is broken; be loud
             worker = self._retire(worker, "reply to another request")
             return RewardOutcome(0.0, error=f"reward worker answered request {reply.get('id')}"), worker
         if "error" in reply:
             return RewardOutcome(0.0, error=str(reply["error"])), worker
-        logger.debug("reward %.3f in %.4f s", reply["score"], time.monotonic() - t0)
-        return RewardOutcome(float(reply["score"])), worker
+        try:
+            score = check_reward(reply.get("score"))  # the worker checked it; JSON could still say NaN
+        except RewardValueError as exc:
+            return RewardOutcome(0.0, error=str(exc)), worker
+        logger.debug("reward %.3f in %.4f s", score, time.monotonic() - t0)
+        return RewardOutcome(score), worker
 
     def _count(self, outcome: RewardOutcome, completion: str) -> None:
         s = self._stats
@@ -323,8 +355,11 @@ class AsyncRewardRunner:
             calls=s.calls + 1,
             errors=s.errors + (outcome.error is not None and not outcome.timed_out),
             timeouts=s.timeouts + outcome.timed_out,
+            infra_failures=s.infra_failures + outcome.infra_error,
         )
-        if outcome.timed_out:
+        if outcome.infra_error:
+            logger.error("reward %s got no answer from any worker: %s", self.fn_name, outcome.error)
+        elif outcome.timed_out:
             logger.warning("reward %s timed out (completion %r...); scored 0", self.fn_name, completion[:60])
         elif outcome.error is not None:
             logger.warning("reward %s failed; scored 0: %s", self.fn_name, outcome.error.strip()[-800:])

@@ -4,7 +4,9 @@ What it is: for one dataset row ``{"prompt_id", "messages", "answer", ...}`` it 
 chat template (``add_generation_prompt=True``), runs ``group_size`` samples concurrently through the
 ``InferenceClient``, scores each completion with the reward function (in a process pool, with a
 timeout: a reward that raises or hangs scores 0 and is counted, see ``rollflow.rewards``), and returns
-one ``TrajectoryGroup``. Each row is ``prompt + completion`` with, per token (``[T] = [P + O]``):
+one ``TrajectoryGroup``. A sample whose reward worker died (``infra_error``: no score at all, not a
+score of 0) drops its whole group, counted as ``groups_dropped_reward_infra``: reward infrastructure is
+not a training signal. Each row is ``prompt + completion`` with, per token (``[T] = [P + O]``):
 
     loss_mask = [0] * P + [1] * O          # train on the model's tokens only
     logprobs  = [0.0] * P + behaviour_logp  # as sampled by the server
@@ -27,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rollflow.api.errors import RewardInfrastructureError
 from rollflow.api.inference import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
 from rollflow.api.workflow import RolloutWorkflow, import_string
 from storage.schema import TrajectoryGroup, TrajectoryRow
@@ -58,6 +61,7 @@ class RewardCounts:
     errors: int = 0
     timeouts: int = 0
     dropped_samples: int = 0  # samples that returned None (aborted)
+    dropped_groups_infra: int = 0  # groups dropped because a reward worker could not score a sample
     score_sum: float = 0.0
     _first_error: list[str] = field(default_factory=list)
 
@@ -67,6 +71,7 @@ class RewardCounts:
             "reward_errors": float(self.errors),
             "reward_timeouts": float(self.timeouts),
             "samples_dropped": float(self.dropped_samples),
+            "groups_dropped_reward_infra": float(self.dropped_groups_infra),
         }
 
 
@@ -170,9 +175,18 @@ class RLVRWorkflow(RolloutWorkflow):
         prompt_id = str(data["prompt_id"])
         messages = list(data["messages"])
         prompt_ids = self.encode_prompt(messages)
-        samples = await asyncio.gather(
-            *(self.asample(client, data, messages, prompt_ids) for _ in range(self.group_size))
+        results = await asyncio.gather(
+            *(self.asample(client, data, messages, prompt_ids) for _ in range(self.group_size)),
+            return_exceptions=True,
         )
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, RewardInfrastructureError):
+                raise result
+        if any(isinstance(r, RewardInfrastructureError) for r in results):
+            self.reward_counts.dropped_groups_infra += 1
+            logger.error("group of prompt %s dropped: a reward worker could not score a sample", prompt_id)
+            return None
+        samples = [r for r in results if not isinstance(r, BaseException)]
         dropped = sum(s is None for s in samples)
         self.reward_counts.dropped_samples += dropped
         return merge_samples(prompt_id, samples)
@@ -218,10 +232,16 @@ class RLVRWorkflow(RolloutWorkflow):
     async def ascore(
         self, messages: list[dict[str, str]], completion: str, data: dict[str, Any]
     ) -> tuple[float, dict[str, Any]]:
-        """(score, extra info for the row). Errors and timeouts score 0 and are counted, never raised."""
+        """(score, extra info for the row). Errors and timeouts score 0 and are counted, never raised.
+
+        Raises:
+            RewardInfrastructureError: no worker could score the completion (``outcome.infra_error``).
+        """
         prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
         extra = {k: v for k, v in data.items() if k not in ("messages", "answer", "prompt_id")}
         outcome = await self.reward_runner.ascore(prompt, completion, data.get("answer"), **extra)
+        if getattr(outcome, "infra_error", False):
+            raise RewardInfrastructureError(f"reward of prompt {data.get('prompt_id')!r}: {outcome.error}")
         counts = self.reward_counts
         counts.scored += 1
         info: dict[str, Any] = {}
