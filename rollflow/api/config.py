@@ -11,10 +11,28 @@ What it is not: it does not read files, talk to storage or know about Prefect.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from rollflow.api.errors import ConfigError
+
+# Where launched servers, the watcher and clients read the inference API key when the config has none.
+INFERENCE_API_KEY_ENV = "ROLLFLOW_INFERENCE_API_KEY"
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for a bind address only this machine can reach: ``localhost``, ``127.0.0.0/8``, ``::1``.
+
+    ``0.0.0.0`` / ``::`` (every interface) and any other address or name are not loopback.
+    """
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _help(text: str, **kw: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import os
 import sys
 import types
 import typing
@@ -20,7 +21,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
-from rollflow.api.config import ExperimentConfig
+from rollflow.api.config import INFERENCE_API_KEY_ENV, ExperimentConfig, is_loopback_host
 from rollflow.api.errors import ConfigError
 
 T = TypeVar("T")
@@ -203,7 +204,40 @@ def load_config(
     for item in overrides:
         keys, value = parse_override(item)
         _set_path(tree, keys, value)
-    return _build(ExperimentConfig, tree)
+    cfg = _build(ExperimentConfig, tree)
+    check_environment(cfg)
+    return cfg
+
+
+def check_environment(cfg: ExperimentConfig, environ: Mapping[str, str] | None = None) -> None:
+    """Checks that need this machine, run when a config is resolved (``load_config``), so a run fails
+    at once instead of minutes in:
+
+    * an absolute ``model.path`` must exist (unless ``model.bootstrap_tiny`` builds it); a relative
+      one may be a hub name and is left to the loader;
+    * launched servers (``inference.backend`` local or sglang) bound to a non-loopback
+      ``inference.host`` need an API key (``inference.api_key`` or ``$ROLLFLOW_INFERENCE_API_KEY``):
+      without one anybody who reaches the port can generate and load weights.
+
+    Raises:
+        ConfigError: naming the key and the fix.
+    """
+    env = os.environ if environ is None else environ
+    model = cfg.model.path
+    if os.path.isabs(model) and not cfg.model.bootstrap_tiny and not os.path.isdir(model):
+        raise ConfigError(
+            "model.path",
+            f"{model!r} does not exist (or is not a directory); point it at a Hugging Face model "
+            "directory, or set model.bootstrap_tiny=true to build the tiny model there",
+        )
+    inf = cfg.inference
+    keyless = not (inf.api_key or env.get(INFERENCE_API_KEY_ENV))
+    if inf.backend != "external" and not is_loopback_host(inf.host) and keyless:
+        raise ConfigError(
+            "inference.host",
+            f"{inf.host!r} exposes the inference servers beyond this machine without an API key; "
+            f"set ${INFERENCE_API_KEY_ENV} (or inference.api_key), or keep inference.host=127.0.0.1",
+        )
 
 
 def config_from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
