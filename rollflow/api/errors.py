@@ -32,6 +32,10 @@ class DatasetRowError(RollflowError, ValueError):
     """A dataset row is malformed; the message names the row index and field."""
 
 
+class DatasetFileError(RollflowError, ValueError):
+    """A dataset file cannot be read (not UTF-8, empty, not the format it claims); names the file and fix."""
+
+
 class InferenceError(RollflowError):
     """An inference request failed on every server it was tried on."""
 
