@@ -1,8 +1,22 @@
 """Score the policy the inference servers currently serve on held-out prompts.
 
-What it is: ``aevaluate`` renders each prompt with the chat template, generates (greedy by default)
-through any ``InferenceClient`` concurrently, scores completions with the task's verifiable reward
-and returns accuracy (share of completions with reward >= ``correct_threshold``) plus the decoded rows.
+What it is:
+
+* ``aevaluate`` renders each prompt with the chat template, generates (greedy by default) through any
+  ``InferenceClient`` concurrently, scores completions with the task's verifiable reward and returns
+  accuracy (share of completions with reward >= ``correct_threshold``) plus the decoded rows.
+  Rewards are scored exactly as in rollout: by a ``RewardScorer`` (``rollflow.rewards.AsyncRewardRunner``,
+  worker processes with a timeout), never in-process on the event loop. math-verify's own timeouts
+  use ``signal.alarm`` and are off away from the main thread, so an in-process call on
+  ``\\boxed{9^{9^{9^{9}}}}`` would hang evaluation; a runner kills the worker after
+  ``rollout.reward_timeout_s``. A reward that errs, times out or gets no worker scores 0 and is
+  counted in ``EvalResult.reward_errors`` / ``reward_timeouts``; the runner refuses non-numbers, so a
+  reward function returning ``"1.0"`` counts as an error, not as correct.
+* ``served_version`` / ``wait_for_served_version``: the version every server serves (the minimum over
+  servers), polled until it reaches a target, so "after training" really scores the final policy.
+* ``arun_eval(cfg, addresses)``: the whole evaluation of one config, as the Prefect tasks in
+  ``tasks/evaluate.py`` call it.
+
 What it is not: a trainer-side evaluation (it uses the servers, so it measures exactly what rollout
 samples from), and it does not log anywhere; callers send ``EvalResult`` to MLflow/Prefect.
 """
@@ -13,12 +27,16 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollflow.api.inference import GenerateRequest, InferenceClient, SamplingParams
-from rollflow.workflows.rlvr import render_chat
+from rollflow.rollout.routing import control_call
+from rollflow.workflows.rlvr import RewardScorer, render_chat
+
+if TYPE_CHECKING:
+    from rollflow.api.config import ExperimentConfig
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +49,8 @@ class EvalResult:
     versions: dict[int, int]  # policy version -> number of completions generated under it
     seconds: float
     rows: list[dict[str, Any]] = field(default_factory=list)
+    reward_errors: int = 0  # rewards that raised, returned a bad value or got no worker (scored 0)
+    reward_timeouts: int = 0  # rewards that ran past the runner's timeout (scored 0)
 
     @property
     def version(self) -> int:
@@ -48,12 +68,13 @@ async def aevaluate(
     client: InferenceClient,
     tokenizer: Any,
     prompts: Sequence[dict[str, Any]],
-    reward_fn: Callable[..., float],
+    scorer: RewardScorer,
     *,
     sampling: SamplingParams,
     concurrency: int = 64,
     correct_threshold: float = 1.0,
 ) -> EvalResult:
+    """Generate one completion per prompt and score it with ``scorer`` (see the module docstring)."""
     if not prompts:
         raise ValueError("evaluation needs at least one prompt; check eval.n_prompts and dataset.eval_split")
     sem = asyncio.Semaphore(concurrency)
@@ -68,23 +89,26 @@ async def aevaluate(
         completion = tokenizer.decode(res.output_ids, skip_special_tokens=True)
         prompt_text = row["messages"][-1]["content"]
         extra = {k: v for k, v in row.items() if k not in ("prompt_id", "messages", "answer")}
-        try:
-            reward = float(reward_fn(prompt_text, completion, str(row["answer"]), **extra))
-        except Exception as exc:  # a broken reward scores 0, as in rollout
-            log.warning("reward raised on eval prompt %s: %s", row["prompt_id"], exc)
-            reward = 0.0
+        outcome = await scorer.ascore(prompt_text, completion, str(row["answer"]), **extra)
+        failed = bool(getattr(outcome, "error", None) or getattr(outcome, "timed_out", False))
         version = max(res.output_versions) if res.output_versions else -1
         return {
             "prompt_id": row["prompt_id"],
             "prompt": prompt_text,
             "completion": completion,
             "answer": str(row["answer"]),
-            "reward": reward,
+            "reward": 0.0 if failed else float(outcome.score),
             "version": version,
+            "reward_error": (str(outcome.error)[:300] if getattr(outcome, "error", None) else None),
+            "reward_timed_out": bool(getattr(outcome, "timed_out", False)),
         }
 
     rows = await asyncio.gather(*(one(i, r) for i, r in enumerate(prompts)))
     rewards = [r["reward"] for r in rows]
+    timeouts = sum(r["reward_timed_out"] for r in rows)
+    errors = sum(r["reward_error"] is not None for r in rows) - timeouts
+    if errors or timeouts:
+        log.warning("eval: %d reward errors and %d timeouts scored 0 (of %d)", errors, timeouts, len(rows))
     return EvalResult(
         accuracy=sum(r >= correct_threshold for r in rewards) / len(rows),
         mean_reward=sum(rewards) / len(rows),
@@ -92,4 +116,76 @@ async def aevaluate(
         versions=dict(Counter(r["version"] for r in rows)),
         seconds=time.perf_counter() - start,
         rows=list(rows),
+        reward_errors=errors,
+        reward_timeouts=timeouts,
     )
+
+
+# --- served versions ------------------------------------------------------------------------------
+
+
+def served_version(addresses: list[str], api_key: str | None, *, timeout_s: float = 10.0) -> int:
+    """The lowest ``weight_version`` the servers report (a non-integer version counts as 0), -1 for none.
+
+    Raises:
+        InferenceError: a server did not answer ``/get_model_info``.
+    """
+    parsed = []
+    for address in addresses:
+        info = control_call(address, "/get_model_info", api_key=api_key, timeout_s=timeout_s)
+        version = str(info["weight_version"]) if isinstance(info, dict) else ""
+        parsed.append(int(version) if version.lstrip("-").isdigit() else 0)
+    return min(parsed) if parsed else -1
+
+
+def wait_for_served_version(
+    addresses: list[str], api_key: str | None, min_version: int, *, timeout_s: float = 300.0
+) -> int:
+    """Poll every 0.5 s until every server serves ``>= min_version``; returns the served version.
+
+    Raises:
+        TimeoutError: still older after ``timeout_s``; the message says what to check.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        served = served_version(addresses, api_key)
+        if served >= min_version:
+            return served
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"servers still serve version {served} after {timeout_s:.0f}s, expected >= {min_version}; "
+                "is the checkpoint watcher running and can it read storage?"
+            )
+        time.sleep(0.5)
+
+
+# --- one evaluation of a config -------------------------------------------------------------------
+
+
+async def arun_eval(cfg: ExperimentConfig, addresses: list[str]) -> EvalResult:
+    """Greedy (unless ``eval.greedy`` is off) accuracy of the policy the servers serve now."""
+    from transformers import AutoTokenizer
+
+    from rollflow.data import load_prompts
+    from rollflow.rewards import AsyncRewardRunner
+    from rollflow.rollout.client import SGLangClient
+    from rollflow.rollout.loop import sampling_params
+
+    prompts = load_prompts(cfg.dataset, cfg.eval.split or cfg.dataset.eval_split)
+    if cfg.eval.n_prompts:
+        prompts = prompts[: cfg.eval.n_prompts]
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    sampling = sampling_params(cfg)  # the rollout's parameters, greedy unless eval.greedy is off
+    sampling.max_new_tokens = cfg.eval.max_new_tokens or sampling.max_new_tokens
+    if cfg.eval.greedy:
+        sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p = 0.0, 1.0, -1, 0.0
+    client = SGLangClient.from_config(cfg.inference, addresses)
+    try:
+        async with AsyncRewardRunner(
+            cfg.dataset.reward_fn,
+            max_workers=cfg.rollout.reward_workers,
+            timeout_s=cfg.rollout.reward_timeout_s,
+        ) as scorer:
+            return await aevaluate(client, tokenizer, prompts, scorer, sampling=sampling)
+    finally:
+        await client.aclose()

@@ -1,5 +1,8 @@
 """Tasks: score the served policy on held-out prompts, once or every n versions while training runs.
 
+A thin Prefect wrapper over ``rollflow.evaluation`` (which holds the evaluation, reward scoring and
+served-version polling).
+
 ``evaluate_policy`` waits until every server serves at least ``min_version`` (so "after" really is the
 final policy), scores ``eval.n_prompts`` held-out prompts greedily and writes a Prefect table artifact.
 ``eval_loop`` repeats that every ``eval.every_n_versions`` published versions until stopped.
@@ -8,7 +11,6 @@ final policy), scores ``eval.n_prompts`` held-out prompts greedily and writes a 
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -17,62 +19,14 @@ from prefect.cache_policies import NO_CACHE
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import InferenceError
 from rollflow.api.metrics import MetricsSink
+from rollflow.evaluation import EvalResult, arun_eval, served_version, wait_for_served_version
 from tasks.runtime import run_sync
 from tasks.tracking import PrefixSink, table_artifact
 
 
-def _served_version(addresses: list[str], api_key: str | None) -> int:
-    from infra.control import ServerControl
-
-    versions = ServerControl(addresses, api_key=api_key, timeout_s=10).weight_versions()
-    parsed = [int(v) if v.lstrip("-").isdigit() else 0 for v in versions.values()]
-    return min(parsed) if parsed else -1
-
-
-def wait_for_served_version(
-    cfg: ExperimentConfig, addresses: list[str], min_version: int, timeout_s: float = 300.0
-) -> int:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        served = _served_version(addresses, cfg.inference.api_key)
-        if served >= min_version:
-            return served
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"servers still serve version {served} after {timeout_s:.0f}s, expected >= {min_version}; "
-                "is the checkpoint watcher running and can it read storage?"
-            )
-        time.sleep(0.5)
-
-
-def run_eval(cfg: ExperimentConfig, addresses: list[str]) -> Any:
-    """Core call (no Prefect): greedy accuracy of the currently served policy."""
-    from transformers import AutoTokenizer
-
-    from rollflow.api.workflow import import_string
-    from rollflow.data import load_prompts
-    from rollflow.evaluation import aevaluate
-    from rollflow.rollout.client import SGLangClient
-    from rollflow.rollout.loop import sampling_params
-
-    prompts = load_prompts(cfg.dataset, cfg.eval.split or cfg.dataset.eval_split)
-    if cfg.eval.n_prompts:
-        prompts = prompts[: cfg.eval.n_prompts]
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    sampling = sampling_params(cfg)  # the rollout's parameters, greedy unless eval.greedy is off
-    sampling.max_new_tokens = cfg.eval.max_new_tokens or sampling.max_new_tokens
-    if cfg.eval.greedy:
-        sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p = 0.0, 1.0, -1, 0.0
-    reward_fn = import_string(cfg.dataset.reward_fn)
-
-    async def go() -> Any:
-        client = SGLangClient.from_config(cfg.inference, addresses)
-        try:
-            return await aevaluate(client, tokenizer, prompts, reward_fn, sampling=sampling)
-        finally:
-            await client.aclose()
-
-    return run_sync(go())
+def run_eval(cfg: ExperimentConfig, addresses: list[str]) -> EvalResult:
+    """Core call (no Prefect): ``rollflow.evaluation.arun_eval`` from synchronous code."""
+    return run_sync(arun_eval(cfg, addresses))
 
 
 @task(name="evaluate-policy", cache_policy=NO_CACHE, persist_result=False, task_run_name="evaluate-{label}")
@@ -85,7 +39,7 @@ def evaluate_policy(
     metrics: MetricsSink | None = None,
 ) -> dict[str, Any]:
     logger = get_run_logger()
-    wait_for_served_version(cfg, addresses, min_version)
+    wait_for_served_version(addresses, cfg.inference.api_key, min_version)
     result = run_eval(cfg, addresses)
     logger.info(
         "eval %s: accuracy %.3f on %d prompts (version %d, %.1fs)",
@@ -129,7 +83,7 @@ def eval_loop(
     next_version = every
     while not stop_event.wait(1.0):
         try:
-            served = _served_version(addresses, cfg.inference.api_key)
+            served = served_version(addresses, cfg.inference.api_key)
         except InferenceError:
             continue  # a server busy or restarting; try again next second
         if served < next_version or served >= cfg.train.steps:

@@ -11,7 +11,7 @@ Run::
 
     python -m infra.cpu_server --model-path runs/models/tiny --port 30000 [--host 127.0.0.1]
         [--api-key KEY | env ROLLFLOW_INFERENCE_API_KEY] [--max-batch-size 64] [--threads 1]
-        [--weight-version 0]
+        [--weight-version 0] [--weights-root DIR ...] [--allow-unauthenticated]
 
 To start N of them as child processes, use ``infra.servers.launch_local_servers``.
 """

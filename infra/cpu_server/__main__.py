@@ -2,7 +2,10 @@
 
 What it is: argument parsing, logging setup and ``asyncio.run(serve(...))``. The API key is read from
 ``--api-key`` or, preferably (it then stays out of ``ps``), from the ``ROLLFLOW_INFERENCE_API_KEY``
-environment variable. Exits 0 after a clean SIGTERM/SIGINT shutdown
+environment variable. A non-loopback ``--host`` without an API key is refused (exit 2) unless
+``--allow-unauthenticated`` is given. ``--weights-root DIR`` (repeatable, or ``ROLLFLOW_WEIGHTS_ROOTS``
+separated by ``os.pathsep``) limits ``/update_weights_from_disk`` to those directories; without one a
+server that is not on loopback warns that it loads any directory it can read. Exits 0 after a clean SIGTERM/SIGINT shutdown
 (with ``os._exit`` once every reply is out, skipping torch's slow interpreter teardown).
 
 What it is not: the server itself (``infra.cpu_server.app``).
@@ -16,7 +19,10 @@ import logging
 import os
 import sys
 
-API_KEY_ENV = "ROLLFLOW_INFERENCE_API_KEY"
+from rollflow.api.config import INFERENCE_API_KEY_ENV as API_KEY_ENV
+from rollflow.api.config import is_loopback_host
+
+WEIGHTS_ROOTS_ENV = "ROLLFLOW_WEIGHTS_ROOTS"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,6 +36,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--api-key",
         default=None,
         help=f"Bearer key required on every route but /health* (or ${API_KEY_ENV}).",
+    )
+    p.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="Serve on a non-loopback --host without an API key (refused otherwise).",
+    )
+    p.add_argument(
+        "--weights-root",
+        action="append",
+        default=None,
+        help=f"A directory /update_weights_from_disk may load from (repeatable; or ${WEIGHTS_ROOTS_ENV}).",
     )
     p.add_argument("--max-batch-size", type=int, default=64, help="Max sequences decoded together.")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (torch.set_num_threads).")
@@ -61,13 +78,32 @@ def main(argv: list[str] | None = None) -> int:
     if ns.max_batch_size < 1 or ns.threads < 1:
         print("--max-batch-size and --threads must be >= 1", file=sys.stderr)
         return 2
+    api_key = ns.api_key or os.environ.get(API_KEY_ENV) or None
+    if not api_key and not is_loopback_host(ns.host) and not ns.allow_unauthenticated:
+        print(
+            f"refusing to serve on {ns.host} without an API key: anybody who reaches the port could "
+            f"generate and load weights. Set ${API_KEY_ENV} (or --api-key), bind 127.0.0.1, or pass "
+            "--allow-unauthenticated",
+            file=sys.stderr,
+        )
+        return 2
+    roots = tuple(
+        ns.weights_root or [r for r in os.environ.get(WEIGHTS_ROOTS_ENV, "").split(os.pathsep) if r]
+    )
+    if not roots and not is_loopback_host(ns.host):
+        logging.getLogger("infra.cpu_server").warning(
+            "serving on %s with no --weights-root: /update_weights_from_disk loads any directory this "
+            "process can read",
+            ns.host,
+        )
     from infra.cpu_server.app import ServerArgs, serve
 
     args = ServerArgs(
         model_path=ns.model_path,
         host=ns.host,
         port=ns.port,
-        api_key=ns.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=api_key,
+        weights_roots=roots,
         max_batch_size=ns.max_batch_size,
         threads=ns.threads,
         weight_version=ns.weight_version,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import secrets
 import signal
 import time
@@ -66,6 +67,8 @@ class ServerArgs:
     seed: int | None = None
     served_model_name: str | None = None
     batch_window_ms: float = 3.0
+    # Directories /update_weights_from_disk may load from (realpath-checked); empty = any readable one.
+    weights_roots: tuple[str, ...] = ()
 
 
 class ServerState:
@@ -139,6 +142,26 @@ async def _json_body(request: web.Request) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidRequestError(f"malformed JSON body: {e}") from e
+    except RecursionError:  # e.g. 100,000 nested brackets: the client's fault, not a server error (500)
+        raise InvalidRequestError("malformed JSON body: nested too deeply") from None
+
+
+def outside_weights_roots(model_path: str, roots: tuple[str, ...]) -> str | None:
+    """Why ``model_path`` may not be loaded, or None when it lies under one of ``roots`` (or none is set).
+
+    Paths are compared after ``os.path.realpath``, so ``..`` and symlinks cannot leave a root.
+    """
+    if not roots:
+        return None
+    real = os.path.realpath(model_path)
+    for root in roots:
+        root_real = os.path.realpath(root)
+        if real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep):
+            return None
+    return (
+        f"{model_path!r} is outside the weights roots this server may load from ({', '.join(roots)}); "
+        "publish checkpoints under one of them or start the server with another --weights-root"
+    )
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], result: dict[str, Any]) -> None:
@@ -256,6 +279,17 @@ def build_app(state: ServerState) -> web.Application:
 
     async def update_weights_from_disk(request: web.Request) -> web.Response:
         req = UpdateWeightFromDiskReqInput.from_json(await _json_body(request))
+        refused = outside_weights_roots(req.model_path, state.args.weights_roots)
+        if refused is not None:
+            logger.warning("weight update refused: %s", refused)
+            return web.json_response(
+                {
+                    "success": False,
+                    "message": f"Failed to get weights iterator: {refused}",
+                    "num_paused_requests": 0,
+                },
+                status=400,
+            )
         async with state.update_lock:
             t0 = time.perf_counter()
             try:

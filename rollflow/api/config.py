@@ -11,10 +11,28 @@ What it is not: it does not read files, talk to storage or know about Prefect.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from rollflow.api.errors import ConfigError
+
+# Where launched servers, the watcher and clients read the inference API key when the config has none.
+INFERENCE_API_KEY_ENV = "ROLLFLOW_INFERENCE_API_KEY"
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for a bind address only this machine can reach: ``localhost``, ``127.0.0.0/8``, ``::1``.
+
+    ``0.0.0.0`` / ``::`` (every interface) and any other address or name are not loopback.
+    """
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _help(text: str, **kw: Any) -> dict[str, Any]:
@@ -530,15 +548,30 @@ class TrainConfig:
     )
     adv_norm: Literal["mean_std", "mean"] = field(
         default="mean_std",
-        metadata=_help("GRPO normalisation: subtract the mean and divide by std, or mean only (Dr.GRPO)."),
+        metadata=_help(
+            "GRPO normalisation: subtract the mean and divide by std, or mean only (Dr.GRPO's advantage; "
+            "Dr.GRPO as published also sets loss_agg=seq-mean-token-sum-norm)."
+        ),
     )
     reward_scale: float = field(default=1.0, metadata=_help("Multiply rewards before advantages."))
     reward_clip: float | None = field(
         default=None, metadata=_help("Clip scaled rewards to [-c, c]; None = off.")
     )
-    loss_agg: Literal["token-mean", "seq-mean"] = field(
+    loss_agg: Literal["token-mean", "seq-mean", "seq-mean-token-sum-norm"] = field(
         default="token-mean",
-        metadata=_help("Average the loss over tokens, or per sequence then over sequences."),
+        metadata=_help(
+            "token-mean: divide the summed token loss by the batch's loss tokens; seq-mean: average "
+            "per sequence, then over sequences; seq-mean-token-sum-norm: divide by sequences x a "
+            "constant L (loss_agg_max_tokens), Dr.GRPO's length-unbiased normaliser "
+            "(derivation in rollflow/training/losses.py)."
+        ),
+    )
+    loss_agg_max_tokens: int | None = field(
+        default=None,
+        metadata=_help(
+            "The constant L of loss_agg=seq-mean-token-sum-norm; None = rollout.generation.max_new_tokens "
+            "(multi-turn: set it to max_turns x max_new_tokens). It only scales the step, like lr."
+        ),
     )
     checkpoint_every: int = field(
         default=1, metadata=_help("Publish a checkpoint every k versions (inference picks it up).")
@@ -560,6 +593,8 @@ class TrainConfig:
         _check(self.steps >= 1, "train.steps", "must be >= 1")
         _check(self.batch_size >= 1, "train.batch_size", "must be >= 1 group")
         _check(self.max_tokens_per_mb >= 1, "train.max_tokens_per_mb", "must be >= 1")
+        if self.loss_agg_max_tokens is not None:
+            _check(self.loss_agg_max_tokens >= 1, "train.loss_agg_max_tokens", "must be >= 1 or null")
         _check(self.ppo_n_minibatches >= 1, "train.ppo_n_minibatches", "must be >= 1")
         _check(
             self.batch_size >= self.ppo_n_minibatches,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import os
 import sys
 import types
 import typing
@@ -20,12 +21,11 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
-from rollflow.api.config import ExperimentConfig
+from rollflow.api.config import INFERENCE_API_KEY_ENV, ExperimentConfig, is_loopback_host
 from rollflow.api.errors import ConfigError
+from rollflow.api.redact import REDACTED, find_secrets, redact_tree
 
 T = TypeVar("T")
-REDACTED = "***"
-_SECRET_WORDS = ("secret", "password", "token", "api_key", "apikey", "credential", "key")
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
@@ -203,7 +203,40 @@ def load_config(
     for item in overrides:
         keys, value = parse_override(item)
         _set_path(tree, keys, value)
-    return _build(ExperimentConfig, tree)
+    cfg = _build(ExperimentConfig, tree)
+    check_environment(cfg)
+    return cfg
+
+
+def check_environment(cfg: ExperimentConfig, environ: Mapping[str, str] | None = None) -> None:
+    """Checks that need this machine, run when a config is resolved (``load_config``), so a run fails
+    at once instead of minutes in:
+
+    * an absolute ``model.path`` must exist (unless ``model.bootstrap_tiny`` builds it); a relative
+      one may be a hub name and is left to the loader;
+    * launched servers (``inference.backend`` local or sglang) bound to a non-loopback
+      ``inference.host`` need an API key (``inference.api_key`` or ``$ROLLFLOW_INFERENCE_API_KEY``):
+      without one anybody who reaches the port can generate and load weights.
+
+    Raises:
+        ConfigError: naming the key and the fix.
+    """
+    env = os.environ if environ is None else environ
+    model = cfg.model.path
+    if os.path.isabs(model) and not cfg.model.bootstrap_tiny and not os.path.isdir(model):
+        raise ConfigError(
+            "model.path",
+            f"{model!r} does not exist (or is not a directory); point it at a Hugging Face model "
+            "directory, or set model.bootstrap_tiny=true to build the tiny model there",
+        )
+    inf = cfg.inference
+    keyless = not (inf.api_key or env.get(INFERENCE_API_KEY_ENV))
+    if inf.backend != "external" and not is_loopback_host(inf.host) and keyless:
+        raise ConfigError(
+            "inference.host",
+            f"{inf.host!r} exposes the inference servers beyond this machine without an API key; "
+            f"set ${INFERENCE_API_KEY_ENV} (or inference.api_key), or keep inference.host=127.0.0.1",
+        )
 
 
 def config_from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
@@ -218,32 +251,45 @@ def _is_secret_field(f: dataclasses.Field) -> bool:
     return bool(f.metadata.get("secret"))
 
 
-def _redact_mapping(value: Mapping[str, Any], secret_keys: Iterable[str]) -> dict[str, Any]:
-    secret = {s.lower() for s in secret_keys}
+def _secret_field_values(cfg: Any) -> set[str]:
+    """The string values of fields marked ``secret`` (``inference.api_key``), anywhere in the tree."""
+    found: set[str] = set()
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            found |= _secret_field_values(value)
+        elif _is_secret_field(f) and isinstance(value, str):
+            found.add(value)
+    return found
+
+
+def _redacted(cfg: Any, known: frozenset[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for k, v in value.items():
-        lk = str(k).lower()
-        if lk in secret or any(w in lk for w in _SECRET_WORDS if w != "key") or lk.endswith("key"):
-            out[k] = REDACTED
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        secret_keys = {k.lower() for k in f.metadata.get("secret_keys", ())}
+        if dataclasses.is_dataclass(value):
+            out[f.name] = _redacted(value, known)
+        elif _is_secret_field(f):
+            out[f.name] = None if value is None else REDACTED
+        elif isinstance(value, Mapping):
+            masked = {k: REDACTED if str(k).lower() in secret_keys else v for k, v in value.items()}
+            out[f.name] = redact_tree(masked, known)  # by key inside free-form mappings, and by value
         else:
-            out[k] = v
+            # A field name is not a credential hint (``max_new_tokens``); values still are: URLs with
+            # userinfo, ``Bearer ...``, ``--api-key X`` in argument lists, secrets seen elsewhere.
+            out[f.name] = redact_tree(value, known)
     return out
 
 
 def redacted_dict(cfg: Any) -> dict[str, Any]:
-    """``asdict`` with secret fields and secret-looking mapping entries replaced by '***'."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            out[f.name] = redacted_dict(value)
-        elif _is_secret_field(f):
-            out[f.name] = None if value is None else REDACTED
-        elif isinstance(value, Mapping):
-            out[f.name] = _redact_mapping(value, f.metadata.get("secret_keys", ()))
-        else:
-            out[f.name] = value
-    return out
+    """``asdict`` with every credential masked as '***' (see ``rollflow.api.redact``): fields marked
+    secret, secret-looking entries of mappings (``storage.options.key``, an ``Authorization`` header in
+    ``rollout.workflow_kwargs``), URL userinfo (``endpoint_url``, ``dataset.path``, the MLflow URI),
+    secret flags in argument lists (``--api-key`` in ``sglang.extra_args``), and each of those values
+    wherever else it appears."""
+    known = _secret_field_values(cfg) | find_secrets(to_dict(cfg))
+    return _redacted(cfg, frozenset(known))
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -320,7 +366,10 @@ def render_docs() -> str:
         "A run is configured by one `ExperimentConfig` tree. Values come from the defaults below, then a",
         "YAML file (`configs/tiny_cpu.yaml`), then dotted overrides (`train.lr=1e-5`). Unknown keys, wrong",
         "types and impossible values are rejected with an error that names the key and the fix.",
-        "Fields marked secret are redacted from logs and MLflow params.",
+        "Fields marked secret are redacted from logs and MLflow params, and so are credentials found by",
+        "value (`rollflow/api/redact.py`): URL userinfo (`s3://key:secret@...`), `Bearer` tokens, secret-named",
+        "mapping entries and flags (`--api-key X`), and any such value wherever else it appears. Take",
+        "credentials from the environment or Prefect Secret blocks, not from parameters.",
         "",
     ]
     _doc_section(ExperimentConfig, "", lines)

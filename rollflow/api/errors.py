@@ -32,6 +32,10 @@ class DatasetRowError(RollflowError, ValueError):
     """A dataset row is malformed; the message names the row index and field."""
 
 
+class DatasetFileError(RollflowError, ValueError):
+    """A dataset file cannot be read (not UTF-8, empty, not the format it claims); names the file and fix."""
+
+
 class InferenceError(RollflowError):
     """An inference request failed on every server it was tried on."""
 
@@ -50,6 +54,14 @@ class WeightUpdateError(InferenceError):
 
 class ServerStartupError(InferenceError):
     """A launched inference server exited or never became healthy; the message ends with its log tail."""
+
+
+class RewardInfrastructureError(RollflowError):
+    """No reward worker could score a sample (it died or never started, retries included).
+
+    Not a judgement of the completion: the workflow drops the sample's group and counts it instead of
+    training on a made-up reward of 0.
+    """
 
 
 class RolloutFailureError(RollflowError):

@@ -43,7 +43,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from rollflow.api.config import DatasetConfig
-from rollflow.api.errors import ConfigError, DatasetRowError
+from rollflow.api.errors import ConfigError, DatasetFileError, DatasetRowError
 from rollflow.data.synthetic import synthetic_rows
 from rollflow.rewards.math import parse_gsm8k_reference, parse_number
 
@@ -130,13 +130,55 @@ def _load_raw(cfg: DatasetConfig, split: str, storage_options: dict[str, Any] | 
     if fmt == "csv" and data_files.lower().split("?", 1)[0].endswith((".tsv", ".tsv.gz")):
         kwargs["delimiter"] = "\t"
     with _remote_files_allowed(data_files):
-        return datasets.load_dataset(
-            fmt,
-            data_files={split: data_files},
-            split=split,
-            storage_options=storage_options or None,
-            **kwargs,
+        try:
+            dataset = datasets.load_dataset(
+                fmt,
+                data_files={split: data_files},
+                split=split,
+                storage_options=storage_options or None,
+                **kwargs,
+            )
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every reader failure becomes one named error
+            raise _file_error(data_files, fmt, split, exc) from exc
+    if len(dataset) == 0:
+        raise DatasetFileError(
+            f"dataset file(s) {data_files!r} (split {split!r}) hold no rows; point dataset.path at "
+            "a file with data"
         )
+    return dataset
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _file_error(data_files: str, fmt: str, split: str, exc: BaseException) -> DatasetFileError:
+    """``datasets``' reader failures (raw ``UnicodeDecodeError``, ``StopIteration``, "corresponds to no
+    data", ``DatasetGenerationError``) as one error that names the file and says what to do."""
+    where = f"dataset file(s) {data_files!r} (split {split!r}, format {fmt})"
+    for cause in _causes(exc):
+        if isinstance(cause, UnicodeDecodeError):
+            return DatasetFileError(
+                f"{where} are not UTF-8 text: byte {cause.object[cause.start : cause.start + 1]!r} at "
+                f"offset {cause.start} cannot be decoded ({cause.reason}); re-encode the file as UTF-8 "
+                "(for example `iconv -f latin1 -t utf-8`)"
+            )
+        if (
+            isinstance(cause, StopIteration)
+            or "corresponds to no data" in str(cause)
+            or type(cause).__name__ == "EmptyDataError"
+        ):
+            return DatasetFileError(f"{where} are empty (no rows); point dataset.path at a file with data")
+    return DatasetFileError(
+        f"{where} cannot be read: {type(exc).__name__}: {exc}; check the file and dataset.format"
+    )
 
 
 @contextlib.contextmanager
@@ -329,6 +371,7 @@ def load_prompts(
 
     Raises:
         DatasetRowError: a malformed row while ``cfg.on_bad_row == "error"``.
+        DatasetFileError: a file that is not UTF-8, is empty or cannot be parsed (names the file).
         ConfigError: ``cfg.path``/``cfg.format`` cannot name the split's files.
     """
     if cfg.kind == "synthetic":
@@ -345,6 +388,9 @@ def load_prompts(
     if cfg.max_rows is not None and len(dataset) > cfg.max_rows:
         dataset = dataset.select(range(cfg.max_rows))
     source = cfg.path if len(cfg.path) <= 80 else "..." + cfg.path[-77:]
-    rows = map_rows(cfg, dataset, split, columns=list(dataset.column_names), source=f"dataset {source!r}")
+    try:
+        rows = map_rows(cfg, dataset, split, columns=list(dataset.column_names), source=f"dataset {source!r}")
+    except UnicodeDecodeError as exc:  # pyarrow's JSON reader keeps invalid UTF-8 until rows are read
+        raise _file_error(source, cfg.format, split, exc) from exc
     logger.info("dataset %r split %r: %d prompts", source, split, len(rows))
     return rows

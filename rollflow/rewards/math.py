@@ -26,6 +26,12 @@ GSM8K-specific extraction and plain-number normalisation are ours, and math-veri
 good at: LaTeX and symbolic equivalence. Its timeouts are used on the main thread (the reward
 runner's worker processes) and switched off elsewhere.
 
+Junk never raises. A verifier judges the model's text, and the model can write anything: a
+50,000-digit number (past Python's 4,300-digit int-conversion limit), unbalanced LaTeX, control
+characters. ``math_reward_fn`` and ``gsm8k_reward_fn`` return 0.0 for a final answer longer than
+``MAX_ANSWER_CHARS`` without parsing it, and 0.0 (logged at WARNING) for any exception a comparison
+raises; they never raise.
+
 What it is not: a general LaTeX answer normaliser for MATH-style sets (intervals, sets, matrices:
 the math-verify fallback handles some of those), nor a judge of the reasoning.
 """
@@ -41,6 +47,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "MAX_ANSWER_CHARS",
     "answers_match",
     "extract_answer",
     "gsm8k_reward_fn",
@@ -66,6 +73,9 @@ _FRAC_SHORT_RE = re.compile(r"\\[dt]?frac(\d)(\d)")
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
 _LATEX_DROP = (r"\$", r"\!", r"\,", r"\left", r"\right", "~", "^{\\circ}", "^\\circ")
 _LATEX_SPACE = (r"\;", r"\quad", r"\ ")
+# A final answer longer than this is junk (GSM8K's longest reference has 7 characters, MATH's a few
+# dozen); scoring it 0 unparsed keeps sympy and Fraction away from megabyte inputs.
+MAX_ANSWER_CHARS = 1000
 
 
 def parse_gsm8k_reference(text: str) -> str:
@@ -202,17 +212,38 @@ def answers_match(predicted: str, reference: str) -> bool:
     return _math_verify(_clean(predicted).strip(), _clean(reference).strip())
 
 
-def math_reward_fn(prompt: str, completion: str, answer: str, **data: Any) -> float:
-    """1.0 if the completion's final answer equals ``answer`` (a plain or LaTeX value), else 0.0."""
-    del prompt, data
+def _score(completion: str, reference: str) -> float:
     candidate = extract_answer(completion)
-    if candidate is None or answer is None:
+    if candidate is None or len(candidate) > MAX_ANSWER_CHARS:
         return 0.0
-    return 1.0 if answers_match(candidate, str(answer)) else 0.0
+    return 1.0 if answers_match(candidate, reference) else 0.0
+
+
+def math_reward_fn(prompt: str, completion: str, answer: str, **data: Any) -> float:
+    """1.0 if the completion's final answer equals ``answer`` (a plain or LaTeX value), else 0.0.
+
+    Never raises: junk scores 0.0 (see the module docstring).
+    """
+    del prompt, data
+    if answer is None or not isinstance(completion, str):
+        return 0.0
+    try:
+        return _score(completion, str(answer))
+    except Exception as exc:  # noqa: BLE001 - a verifier judges text; junk is a wrong answer
+        logger.warning("math reward scored 0 on input it could not compare: %r", exc)
+        return 0.0
 
 
 def gsm8k_reward_fn(prompt: str, completion: str, answer: str, **data: Any) -> float:
-    """GSM8K reward: ``answer`` may be the bare reference (``"72"``) or the full ``"... #### 72"``."""
+    """GSM8K reward: ``answer`` may be the bare reference (``"72"``) or the full ``"... #### 72"``.
+
+    Never raises: junk, and a reference with nothing after ``####``, score 0.0.
+    """
     if answer is None:
         return 0.0
-    return math_reward_fn(prompt, completion, parse_gsm8k_reference(str(answer)), **data)
+    try:
+        reference = parse_gsm8k_reference(str(answer))
+    except ValueError as exc:
+        logger.warning("gsm8k reward scored 0: %s", exc)
+        return 0.0
+    return math_reward_fn(prompt, completion, reference, **data)

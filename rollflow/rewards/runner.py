@@ -4,14 +4,20 @@ What it is. ``await runner.ascore(prompt, completion, answer, **data)`` runs the
 ``rollflow.rewards.protocol``) in one of ``max_workers`` long-lived worker processes and returns a
 ``RewardOutcome(score, error, timed_out)``. It never raises for a bad reward:
 
-* the function raises, returns a non-number or NaN, or its worker dies -> score 0.0, ``error`` set;
+* the function raises, or returns a non-number, NaN, inf or ``|r| > 1e6`` (``check_reward``) ->
+  score 0.0, ``error`` set: a judgement of the completion;
 * it runs longer than ``timeout_s`` -> score 0.0, ``timed_out=True``; that worker is killed (SIGKILL)
   and replaced, so a hung reward never keeps a slot. Other calls in flight are not touched: each
   worker runs one call at a time, which is why this is a small pool of our own rather than
-  ``ProcessPoolExecutor`` (which cannot kill one hung task without breaking every other one).
+  ``ProcessPoolExecutor`` (which cannot kill one hung task without breaking every other one);
+* its worker dies or never starts -> the call is retried on a fresh worker, up to
+  ``infra_retries`` times; if it still has no answer, ``infra_error=True``. Reward infrastructure is
+  not a reward: a caller must not train on that outcome's 0.0 (``RLVRWorkflow`` drops the group and
+  counts it).
 
 Each outcome is counted in ``.stats`` (calls, errors, timeouts, worker restarts) and failures are
-logged. ``ascore_many`` scores a group's completions in one round trip to one worker. The timeout covers the call itself, not the wait for a free worker or a worker's start-up
+logged. ``ascore_many`` scores a group's completions in one round trip to one worker. The timeout
+covers the call itself, not the wait for a free worker or a worker's start-up
 (which imports the reward module). Workers are started lazily on the first call.
 
 A worker is a plain ``python -m rollflow.rewards.worker`` subprocess, not a ``multiprocessing`` child:
@@ -48,7 +54,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rollflow.rewards.protocol import reward_fn_name
+from rollflow.rewards.protocol import RewardValueError, check_reward, reward_fn_name
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +67,16 @@ _STARTUP_TIMEOUT_S = 120.0  # importing a heavy reward module (sympy, ...) on a 
 
 @dataclass(frozen=True)
 class RewardOutcome:
-    """The result of one reward call. ``score`` is 0.0 whenever ``error`` is set or ``timed_out``."""
+    """The result of one reward call. ``score`` is 0.0 whenever ``error`` is set or ``timed_out``.
+
+    ``infra_error``: no worker could answer (it died or never started, retries included), so ``score``
+    says nothing about the completion and must not be trained on.
+    """
 
     score: float
     error: str | None = None
     timed_out: bool = False
+    infra_error: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,8 @@ class RewardStats:
     errors: int = 0  # raised, returned a bad value, or the worker died (not counting timeouts)
     timeouts: int = 0
     worker_restarts: int = 0  # workers killed on timeout/cancel or found dead, then replaced
+    infra_retries: int = 0  # calls sent again to a fresh worker after theirs died or never started
+    infra_failures: int = 0  # calls that got no answer after every retry (``infra_error``)
 
 
 class _Worker:
@@ -191,6 +204,8 @@ class AsyncRewardRunner:
         fn: the reward function, or its import string ``"pkg.module:name"``.
         max_workers: worker processes, i.e. calls that run at once; more calls wait for a free one.
         timeout_s: a call running longer scores 0.0 with ``timed_out=True``; its worker is replaced.
+        infra_retries: how many times a call whose worker died (or never started) is sent to a fresh
+            worker before its outcome is ``infra_error``.
 
     Raises:
         WorkflowImportError: ``fn`` cannot be imported by name (a lambda, a nested function, ...).
@@ -202,6 +217,7 @@ class AsyncRewardRunner:
         *,
         max_workers: int = 2,
         timeout_s: float = 10.0,
+        infra_retries: int = 1,
     ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
@@ -210,6 +226,9 @@ class AsyncRewardRunner:
         self.fn_name = reward_fn_name(fn)
         self.max_workers = max_workers
         self.timeout_s = float(timeout_s)
+        if infra_retries < 0:
+            raise ValueError(f"infra_retries must be >= 0, got {infra_retries}")
+        self.infra_retries = infra_retries
         self._stats = RewardStats()
         self._workers: list[_Worker] = []
         self._idle: asyncio.Queue[_Worker] | None = None
@@ -274,7 +293,7 @@ class AsyncRewardRunner:
 
     async def ascore(self, prompt: str, completion: str, answer: Any, **data: Any) -> RewardOutcome:
         """Score one completion; never raises for a failing, hanging or dying reward function."""
-        return (await self._run([self._encode(prompt, completion, answer, data)]))[0]
+        return (await self._score([self._encode(prompt, completion, answer, data)]))[0]
 
     async def ascore_many(
         self, prompt: str, completions: Sequence[str], answer: Any, **data: Any
@@ -286,13 +305,28 @@ class AsyncRewardRunner:
         or dies on one call, that call fails as in ``ascore`` and the calls after it are each sent again
         on their own. Batches larger than the pipe's buffer are sent one call at a time.
         """
-        requests = [self._encode(prompt, c, answer, data) for c in completions]
+        return await self._score([self._encode(prompt, c, answer, data) for c in completions])
+
+    async def _score(self, requests: list[_Request]) -> list[RewardOutcome]:
+        """Every request's outcome, in order, after the infrastructure retries; each counted once."""
         outcomes: list[RewardOutcome] = []
-        if requests and sum(len(r.payload) + 1 for r in requests) <= _PIPE_BATCH_BYTES:
+        if len(requests) > 1 and sum(len(r.payload) + 1 for r in requests) <= _PIPE_BATCH_BYTES:
             outcomes = await self._run(requests)
-        rest = requests[len(outcomes) :]  # too large to batch, or after a timeout or a death mid-batch
+        rest = requests[len(outcomes) :]  # one call, too large to batch, or after a loss mid-batch
         for outs in await asyncio.gather(*(self._run([r]) for r in rest)):
             outcomes += outs
+        # Reward infrastructure is not a reward: a call whose worker died or never started goes to a
+        # fresh worker, up to infra_retries times.
+        for _ in range(self.infra_retries):
+            failed = [i for i, o in enumerate(outcomes) if o.infra_error]
+            if not failed:
+                break
+            self._stats = replace(self._stats, infra_retries=self._stats.infra_retries + len(failed))
+            retried = await asyncio.gather(*(self._run([requests[i]]) for i in failed))
+            for i, outs in zip(failed, retried, strict=True):
+                outcomes[i] = outs[0]
+        for outcome, request in zip(outcomes, requests, strict=True):
+            self._count(outcome, request.completion)
         return outcomes
 
     async def _run(self, requests: list[_Request]) -> list[RewardOutcome]:
@@ -302,20 +336,8 @@ class AsyncRewardRunner:
         idle = self._idle_queue()
         worker = await idle.get()
         self._in_flight += 1
-        outcomes: list[RewardOutcome] = []
         try:
-            if not worker.ready:
-                try:
-                    hello = await worker.arecv(_STARTUP_TIMEOUT_S)
-                except (asyncio.TimeoutError, TimeoutError, EOFError) as exc:
-                    hello = {"error": f"reward worker did not start: {exc!r}"}
-                if "error" in hello:
-                    worker = self._retire(worker, "start-up failed")
-                    outcomes = [RewardOutcome(0.0, error=str(hello["error"]))] * len(requests)
-                else:
-                    worker.ready = True
-            if not outcomes:
-                outcomes, worker = await self._calls(worker, requests)
+            outcomes, worker = await self._attempt(worker, requests)
         except BaseException:
             # Cancelled mid-call: the worker's late reply would be read as the next call's, so replace it.
             worker = self._retire(worker, "call cancelled")
@@ -326,18 +348,26 @@ class AsyncRewardRunner:
                 worker.stop()
             else:
                 idle.put_nowait(worker)
-        for outcome, request in zip(outcomes, requests, strict=False):
-            self._count(outcome, request.completion)
         return outcomes
 
-    async def _calls(self, worker: _Worker, requests: list[_Request]) -> tuple[list[RewardOutcome], _Worker]:
-        """Send every request, then read the replies; stops at the first call that loses the worker."""
+    async def _attempt(
+        self, worker: _Worker, requests: list[_Request]
+    ) -> tuple[list[RewardOutcome], _Worker]:
+        """Start ``worker`` if needed, send every request, then read the replies one by one; stops at
+        the first call that loses the worker (a dead or unstartable worker is replaced)."""
+        if not worker.ready:
+            try:
+                hello = await worker.arecv(_STARTUP_TIMEOUT_S)
+            except (asyncio.TimeoutError, TimeoutError, EOFError) as exc:
+                hello = {"error": f"reward worker did not start: {exc!r}"}
+            if "error" in hello:
+                worker = self._retire(worker, "start-up failed")
+                return [RewardOutcome(0.0, error=str(hello["error"]), infra_error=True)], worker
+            worker.ready = True
         try:
             worker.send(b"\n".join(r.payload for r in requests))
         except OSError as exc:
-            code = await asyncio.to_thread(_exit_code, worker.process)
-            worker = self._retire(worker, f"worker died, exit code {code}")
-            return [RewardOutcome(0.0, error=f"reward worker died (exit code {code}): {exc!r}")], worker
+            return [await self._lost(worker, exc)], self._retire(worker, "worker died")
         outcomes: list[RewardOutcome] = []
         for request in requests:
             outcome, replacement = await self._reply(worker, request.id)
@@ -345,6 +375,10 @@ class AsyncRewardRunner:
             if replacement is not worker:
                 return outcomes, replacement
         return outcomes, worker
+
+    async def _lost(self, worker: _Worker, exc: BaseException) -> RewardOutcome:
+        code = await asyncio.to_thread(_exit_code, worker.process)
+        return RewardOutcome(0.0, error=f"reward worker died (exit code {code}): {exc!r}", infra_error=True)
 
     async def _reply(self, worker: _Worker, request_id: int) -> tuple[RewardOutcome, _Worker]:
         t0 = time.monotonic()
@@ -354,16 +388,19 @@ class AsyncRewardRunner:
             worker = self._retire(worker, f"reward call exceeded {self.timeout_s:g} s")
             return RewardOutcome(0.0, error=f"timed out after {self.timeout_s:g} s", timed_out=True), worker
         except (EOFError, OSError) as exc:
-            code = await asyncio.to_thread(_exit_code, worker.process)
-            worker = self._retire(worker, f"worker died, exit code {code}")
-            return RewardOutcome(0.0, error=f"reward worker died (exit code {code}): {exc!r}"), worker
+            outcome = await self._lost(worker, exc)
+            return outcome, self._retire(worker, "worker died")
         if reply.get("id") != request_id:  # cannot happen unless the protocol is broken; be loud
             worker = self._retire(worker, "reply to another request")
             return RewardOutcome(0.0, error=f"reward worker answered request {reply.get('id')}"), worker
         if "error" in reply:
             return RewardOutcome(0.0, error=str(reply["error"])), worker
-        logger.debug("reward %.3f in %.4f s", reply["score"], time.monotonic() - t0)
-        return RewardOutcome(float(reply["score"])), worker
+        try:
+            score = check_reward(reply.get("score"))  # the worker checked it; JSON could still say NaN
+        except RewardValueError as exc:
+            return RewardOutcome(0.0, error=str(exc)), worker
+        logger.debug("reward %.3f in %.4f s", score, time.monotonic() - t0)
+        return RewardOutcome(score), worker
 
     def _count(self, outcome: RewardOutcome, completion: str) -> None:
         s = self._stats
@@ -372,8 +409,11 @@ class AsyncRewardRunner:
             calls=s.calls + 1,
             errors=s.errors + (outcome.error is not None and not outcome.timed_out),
             timeouts=s.timeouts + outcome.timed_out,
+            infra_failures=s.infra_failures + outcome.infra_error,
         )
-        if outcome.timed_out:
+        if outcome.infra_error:
+            logger.error("reward %s got no answer from any worker: %s", self.fn_name, outcome.error)
+        elif outcome.timed_out:
             logger.warning("reward %s timed out (completion %r...); scored 0", self.fn_name, completion[:60])
         elif outcome.error is not None:
             logger.warning("reward %s failed; scored 0: %s", self.fn_name, outcome.error.strip()[-800:])

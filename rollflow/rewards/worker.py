@@ -17,7 +17,6 @@ What it is not: something to start by hand; the runner starts, times and kills i
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import sys
@@ -25,6 +24,8 @@ import threading
 import time
 import traceback
 from typing import Any
+
+from rollflow.rewards.protocol import RewardValueError, check_reward, import_string
 
 SYS_PATH_ENV = "ROLLFLOW_REWARD_SYS_PATH"
 
@@ -44,12 +45,10 @@ def _score(fn: Any, request: dict[str, Any]) -> dict[str, Any]:
     except Exception:
         reply["error"] = traceback.format_exc(limit=8)
         return reply
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        reply["error"] = f"reward function returned {value!r} ({type(value).__name__}), not a float"
-    elif not math.isfinite(value):
-        reply["error"] = f"reward function returned {value!r}"
-    else:
-        reply["score"] = float(value)
+    try:
+        reply["score"] = check_reward(value)
+    except RewardValueError as exc:
+        reply["error"] = str(exc)
     return reply
 
 
@@ -63,8 +62,6 @@ def main(argv: list[str]) -> int:
     requests = os.fdopen(read_fd, "rb")
     replies = os.fdopen(write_fd, "wb", buffering=0)
     try:
-        from rollflow.rewards.protocol import import_string
-
         fn = import_string(spec)
     except BaseException as exc:  # report any import failure instead of dying silently
         replies.write(

@@ -39,6 +39,7 @@ from rollflow.api.workflow import RolloutWorkflow, import_string, resolve_workfl
 from rollflow.rollout.executor import WorkflowExecutor
 from rollflow.rollout.filters import build_should_accept
 from rollflow.rollout.staleness import StalenessListener, StalenessManager
+from rollflow.rollout.supply import bounded_supply_warning
 from storage import keys
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
@@ -236,6 +237,7 @@ async def run_rollout_loop(
         options = cfg.storage.options or None  # s3:// dataset files on the same store
         prompts = await asyncio.to_thread(lambda: load_prompts(cfg.dataset, split, storage_options=options))
     rows, bad_rows = checked_rows(prompts, split=split, on_bad_row=cfg.dataset.on_bad_row)
+    bounded_supply_warning(cfg, len(rows))  # a bounded dataset too small for the trainer: say so now
 
     state_key = keys.rollout_state_key(writer_name)
     state = await asyncio.to_thread(_load_state, storage, state_key)

@@ -63,7 +63,10 @@ class PolicyActor:
         *,
         temperature: float = 1.0,
         pad_id: int = 0,
+        loss_max_tokens: int | None = None,
     ) -> None:
+        """``loss_max_tokens``: the constant L of ``loss_agg: seq-mean-token-sum-norm``; default
+        ``cfg.loss_agg_max_tokens``; the trainer passes that or the generation budget."""
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -72,6 +75,9 @@ class PolicyActor:
         self.temperature = temperature if temperature > 0 else 1.0  # greedy rollouts: score unscaled
         self.pad_id = pad_id
         self.bf16 = cfg.dtype == "bfloat16"
+        self.loss_max_tokens = loss_max_tokens or cfg.loss_agg_max_tokens or 0
+        if cfg.loss_agg == "seq-mean-token-sum-norm" and self.loss_max_tokens < 1:
+            raise ValueError("loss_agg 'seq-mean-token-sum-norm' needs train.loss_agg_max_tokens >= 1")
 
     # --- helpers ------------------------------------------------------------------------------------------
 
@@ -130,7 +136,10 @@ class PolicyActor:
         per_seq = batch.loss_mask[torch.as_tensor(rows)].sum(-1)  # [n]
         if self.cfg.loss_agg == "token-mean":
             return max(1.0, float(per_seq.sum().item()))
-        return max(1.0, float((per_seq > 0).sum().item()))
+        n_seqs = max(1.0, float((per_seq > 0).sum().item()))
+        if self.cfg.loss_agg == "seq-mean-token-sum-norm":
+            return n_seqs * self.loss_max_tokens  # Dr.GRPO: N_seqs * L, L constant (losses.py)
+        return n_seqs
 
     def ppo_update(self, batch: TrainBatch, plans: list[MinibatchPlan]) -> dict[str, float]:
         """One AdamW update per minibatch; returns step metrics reduced over ranks (see trainer docs)."""

@@ -8,11 +8,15 @@ its sequence's advantage (the trainer broadcasts it over the loss mask).
 Formulas (r_i: shaped reward of sequence i, g: its group, n_g: group size, mean_g / std_g over g):
 
     shaping:         r_i = clip(scale * reward_i, -c, c)                   (clip only if c is set)
-    GRPO mean:       A_i = r_i - mean_g                                     (Dr.GRPO: no std division)
+    GRPO mean:       A_i = r_i - mean_g                                     (Dr.GRPO's advantage)
     GRPO mean_std:   A_i = (r_i - mean_g) / (std_g + eps)                   (std unbiased, n_g - 1)
     RLOO:            A_i = r_i - (sum_g - r_i) / (n_g - 1) = n_g / (n_g - 1) * (r_i - mean_g)
 
 A group of one sequence has no baseline: its advantage is 0 under every estimator.
+
+``mean`` is only half of Dr.GRPO: its loss also divides by a constant instead of the sequence or
+batch token count (``train.loss_agg: seq-mean-token-sum-norm``, derived in ``losses.py``). With the
+default ``token-mean`` aggregation, ``mean`` is GRPO without the std division and nothing more.
 """
 
 from __future__ import annotations

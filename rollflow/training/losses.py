@@ -29,8 +29,29 @@ positions (``torch.where``, whose backward passes exactly 0 there) before any ar
 Aggregation over a micro-batch (``normalizer`` lets the caller divide by a count over the whole
 minibatch, all micro-batches and ranks, so gradient accumulation reproduces the full-batch loss):
 
-    token-mean:  sum_{i,t} m_it * l_it / N_tokens
-    seq-mean:    sum_i ( sum_t m_it * l_it / sum_t m_it ) / N_seqs
+    token-mean:               sum_{i,t} m_it * l_it / N_tokens
+    seq-mean:                 sum_i ( sum_t m_it * l_it / sum_t m_it ) / N_seqs
+    seq-mean-token-sum-norm:  sum_{i,t} m_it * l_it / (N_seqs * L)          L a constant (Dr.GRPO)
+
+Why the third (Dr.GRPO's constant normaliser). Write |o_i| = sum_t m_it and ask what weight one
+token's loss gets in each rule:
+
+    seq-mean:     1 / (N_seqs * |o_i|)      depends on its own sequence's length
+    token-mean:   1 / sum_j |o_j|           depends on the lengths of the whole batch
+    constant L:   1 / (N_seqs * L)          the same for every token of every batch
+
+Under seq-mean a token of a long sequence weighs less, so with A < 0 a long wrong answer is pushed
+down less per token than a short one, and with A > 0 short right answers are favoured: the length
+bias Dr.GRPO removes. token-mean has no bias inside a batch, but its step for a token shrinks when
+the batch-mates are long, and E[sum l / sum |o|] is a ratio of sums, not the gradient of one fixed
+objective. With a constant L,
+
+    E[ grad (1 / (N_seqs L)) sum_{i,t} m_it l_it ] = (1 / L) * grad E_o[ sum_t m_t l_t ],
+
+the exact gradient of the summed per-token surrogate of one sequence, scaled by 1 / L. L only sets
+the step size (like the learning rate); with L = the generation budget (``train.loss_agg_max_tokens``,
+default ``rollout.generation.max_new_tokens``), |o_i| <= L, so the loss is never larger than
+token-mean's. Pair it with ``adv_norm: mean`` (no std division) for Dr.GRPO as published.
 """
 
 from __future__ import annotations
@@ -40,7 +61,7 @@ from typing import Literal
 
 import torch
 
-LossAgg = Literal["token-mean", "seq-mean"]
+LossAgg = Literal["token-mean", "seq-mean", "seq-mean-token-sum-norm"]
 CapMode = Literal["mask", "truncate"]
 _LOG_RATIO_CLAMP = 20.0
 
@@ -132,14 +153,22 @@ def aggregate(
     mode: LossAgg = "token-mean",
     *,
     normalizer: float | None = None,
+    max_tokens: int | None = None,
 ) -> torch.Tensor:
     """Reduce per-token ``values`` [B, T] to a scalar (formulas in the module docstring).
 
-    ``normalizer`` replaces N_tokens (token-mean) or N_seqs (seq-mean); by default they are counted in
-    this batch (sequences without loss tokens do not count).
+    ``normalizer`` replaces N_tokens (token-mean), N_seqs (seq-mean) or N_seqs * L
+    (seq-mean-token-sum-norm); by default they are counted in this batch (sequences without loss
+    tokens do not count). ``max_tokens`` is the constant L, required by seq-mean-token-sum-norm.
     """
     m = loss_mask.to(values.dtype)  # [B, T]
     kept = torch.where(loss_mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
+    if mode == "seq-mean-token-sum-norm":
+        if normalizer is None:
+            if max_tokens is None or max_tokens < 1:
+                raise ValueError("loss_agg 'seq-mean-token-sum-norm' needs its constant L (max_tokens >= 1)")
+            normalizer = float((m.sum(-1) > 0).sum().clamp_min(1).item()) * max_tokens
+        return kept.sum() / normalizer
     if mode == "token-mean":
         denom = normalizer if normalizer is not None else m.sum().clamp_min(1.0)
         return kept.sum() / denom
@@ -148,7 +177,7 @@ def aggregate(
         per_seq = kept.sum(-1) / n_tok.clamp_min(1.0)  # [B]
         denom = normalizer if normalizer is not None else (n_tok > 0).sum().clamp_min(1).to(values.dtype)
         return per_seq.sum() / denom
-    raise ValueError(f"unknown loss_agg {mode!r}; use 'token-mean' or 'seq-mean'")
+    raise ValueError(f"unknown loss_agg {mode!r}; use 'token-mean', 'seq-mean' or 'seq-mean-token-sum-norm'")
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

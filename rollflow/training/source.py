@@ -8,7 +8,9 @@ What it is not: a sampler or a shuffler; order is the reader's (commit time), an
 is the exactly-once state saved in resume points.
 
 A wait fails with TrainerError when no new group arrived for ``timeout_s`` (the rollout side is dead
-or stuck); it returns None when the stop event is set.
+or stuck); it returns None when the stop event is set. While it waits it says so at INFO every
+``report_every_s``: how many groups it still needs, the head version they need, how long ago the last
+one came and when it will give up.
 """
 
 from __future__ import annotations
@@ -54,8 +56,10 @@ class BatchCollector:
         max_poll_interval_s: float = 2.0,
         stop_event: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
+        report_every_s: float = 30.0,
     ) -> None:
         self.reader = reader
+        self.report_every_s = report_every_s
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
         self.max_poll_interval_s = max_poll_interval_s
@@ -65,7 +69,7 @@ class BatchCollector:
     def collect(self, n: int, *, min_head_version: int | None) -> Collected | None:
         """Block until ``n`` groups with head_version >= min_head_version are taken; None if stopped."""
         out = Collected(groups=[])
-        start = last_progress = self._clock()
+        start = last_progress = last_report = self._clock()
         interval = self.poll_interval_s
         while len(out.groups) < n:
             if self.stop_event.is_set():
@@ -88,6 +92,18 @@ class BatchCollector:
                 raise TrainerError(
                     f"no new trajectory group for {self.timeout_s:.0f}s ({len(out.groups)}/{n} in hand); "
                     "is the rollout loop running? (train.data_wait_timeout_s)"
+                )
+            if now - last_report >= self.report_every_s:
+                last_report = now
+                logger.info(
+                    "trainer waiting for %d more trajectory group(s)%s (%d/%d in hand); last new group "
+                    "%.0f s ago; gives up after %.0f s without one (train.data_wait_timeout_s)",
+                    n - len(out.groups),
+                    "" if min_head_version is None else f" with head_version >= {min_head_version}",
+                    len(out.groups),
+                    n,
+                    now - last_progress,
+                    self.timeout_s,
                 )
             self.stop_event.wait(interval)
             interval = min(self.max_poll_interval_s, interval * 1.5)

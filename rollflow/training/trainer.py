@@ -189,6 +189,7 @@ class Trainer:
             tcfg,
             temperature=cfg.rollout.generation.temperature,
             pad_id=int(pad_id),
+            loss_max_tokens=tcfg.loss_agg_max_tokens or cfg.rollout.generation.max_new_tokens,
         )
         self.store = CheckpointStore(self.storage)
         # Token ids are checked against the policy's vocabulary at read time: a shard holding an id the

@@ -28,6 +28,7 @@ import json
 import uuid
 from typing import Any
 
+from rollflow.api.errors import RewardInfrastructureError
 from rollflow.api.inference import GenerateRequest, InferenceClient
 from rollflow.workflows.rlvr import RLVRWorkflow, check_result, merge_samples, render_chat
 from storage.schema import TrajectoryGroup, TrajectoryRow
@@ -62,9 +63,18 @@ class MultiTurnWorkflow(RLVRWorkflow):
         """``group_size`` concurrent multi-turn samples of one prompt, merged into one group."""
         messages = list(data["messages"])
         prompt_ids = self.encode_prompt(messages)
-        samples = await asyncio.gather(
-            *(self.asample(client, data, messages, prompt_ids) for _ in range(self.group_size))
+        results = await asyncio.gather(
+            *(self.asample(client, data, messages, prompt_ids) for _ in range(self.group_size)),
+            return_exceptions=True,
         )
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, RewardInfrastructureError):
+                raise result
+        lost = [r for r in results if isinstance(r, RewardInfrastructureError)]
+        if lost:
+            self.drop_for_reward_infra(str(data["prompt_id"]), lost[0])
+            return None
+        samples = [r for r in results if not isinstance(r, BaseException)]
         self.reward_counts.dropped_samples += sum(s is None for s in samples)
         return merge_samples(str(data["prompt_id"]), samples)
 

@@ -4,7 +4,9 @@ What it is: for one dataset row ``{"prompt_id", "messages", "answer", ...}`` it 
 chat template (``add_generation_prompt=True``), runs ``group_size`` samples through the ``InferenceClient``
 (one batched request when the client can batch), scores the completions (one reward-worker round trip) with the reward function (in a process pool, with a
 timeout: a reward that raises or hangs scores 0 and is counted, see ``rollflow.rewards``), and returns
-one ``TrajectoryGroup``. Each row is ``prompt + completion`` with, per token (``[T] = [P + O]``):
+one ``TrajectoryGroup``. A sample whose reward worker died (``infra_error``: no score at all, not a
+score of 0) drops its whole group, counted as ``groups_dropped_reward_infra``: reward infrastructure is
+not a training signal. Each row is ``prompt + completion`` with, per token (``[T] = [P + O]``):
 
     loss_mask = [0] * P + [1] * O          # train on the model's tokens only
     logprobs  = [0.0] * P + behaviour_logp  # as sampled by the server
@@ -27,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rollflow.api.errors import RewardInfrastructureError
 from rollflow.api.inference import (
     GenerateRequest,
     GenerateResult,
@@ -64,6 +67,7 @@ class RewardCounts:
     errors: int = 0
     timeouts: int = 0
     dropped_samples: int = 0  # samples that returned None (aborted)
+    dropped_groups_infra: int = 0  # groups dropped because a reward worker could not score a sample
     score_sum: float = 0.0
     _first_error: list[str] = field(default_factory=list)
 
@@ -73,6 +77,7 @@ class RewardCounts:
             "reward_errors": float(self.errors),
             "reward_timeouts": float(self.timeouts),
             "samples_dropped": float(self.dropped_samples),
+            "groups_dropped_reward_infra": float(self.dropped_groups_infra),
         }
 
 
@@ -185,7 +190,11 @@ class RLVRWorkflow(RolloutWorkflow):
             check_result(res)
         done = [res for res in results if res.finish_reason != "abort"]  # the client gave up on the rest
         self.reward_counts.dropped_samples += len(results) - len(done)
-        scored = await self.ascore_many(messages, [self.decode(res.output_ids) for res in done], data)
+        try:
+            scored = await self.ascore_many(messages, [self.decode(res.output_ids) for res in done], data)
+        except RewardInfrastructureError as exc:
+            self.drop_for_reward_infra(prompt_id, exc)
+            return None
         samples = [
             [self.build_row(data, prompt_ids, res, score, info)]
             for res, (score, info) in zip(done, scored, strict=True)
@@ -227,14 +236,22 @@ class RLVRWorkflow(RolloutWorkflow):
     async def ascore(
         self, messages: list[dict[str, str]], completion: str, data: dict[str, Any]
     ) -> tuple[float, dict[str, Any]]:
-        """(score, extra info for the row). Errors and timeouts score 0 and are counted, never raised."""
+        """(score, extra info for the row). Errors and timeouts score 0 and are counted, never raised.
+
+        Raises:
+            RewardInfrastructureError: no worker could score the completion (``outcome.infra_error``).
+        """
         return (await self.ascore_many(messages, [completion], data))[0]
 
     async def ascore_many(
         self, messages: list[dict[str, str]], completions: Sequence[str], data: dict[str, Any]
     ) -> list[tuple[float, dict[str, Any]]]:
         """``ascore`` for several completions of one prompt: one reward-worker round trip when the runner
-        can take a batch (``AsyncRewardRunner.ascore_many``), else one call each."""
+        can take a batch (``AsyncRewardRunner.ascore_many``), else one call each.
+
+        Raises:
+            RewardInfrastructureError: no worker could score one of them (nothing is counted then).
+        """
         if not completions:
             return []
         prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
@@ -247,7 +264,17 @@ class RLVRWorkflow(RolloutWorkflow):
             outcomes = await asyncio.gather(
                 *(self.reward_runner.ascore(prompt, c, answer, **extra) for c in completions)
             )
+        lost = [o for o in outcomes if getattr(o, "infra_error", False)]
+        if lost:
+            raise RewardInfrastructureError(f"reward of prompt {data.get('prompt_id')!r}: {lost[0].error}")
         return [self._account(outcome) for outcome in outcomes]
+
+    def drop_for_reward_infra(self, prompt_id: str, exc: RewardInfrastructureError) -> None:
+        """Count and log a group dropped because no reward worker could score one of its samples."""
+        self.reward_counts.dropped_groups_infra += 1
+        logger.error(
+            "group of prompt %s dropped: a reward worker could not score a sample (%s)", prompt_id, exc
+        )
 
     def _account(self, outcome: Any) -> tuple[float, dict[str, Any]]:
         counts = self.reward_counts

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rollflow.api.config import ExperimentConfig
+from rollflow.api.config import ExperimentConfig, is_loopback_host
 from rollflow.api.config_loader import flat_params, load_config, render_docs, to_yaml
 from rollflow.api.errors import ConfigError
 
@@ -101,3 +101,32 @@ def test_secrets_are_redacted_from_params_and_yaml() -> None:
 def test_configuration_doc_is_up_to_date() -> None:
     doc = (ROOT / "docs" / "configuration.md").read_text()
     assert doc == render_docs(), "docs/configuration.md is stale: run `make docs`"
+
+
+def test_an_absolute_model_path_that_does_not_exist_fails_at_resolution(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ConfigError, match="model.path.*does not exist"):
+        load_config(overrides=[f"model.path={missing}"])
+    load_config(overrides=[f"model.path={missing}", "model.bootstrap_tiny=true"])  # built there
+    load_config(overrides=["model.path=Qwen/Qwen2.5-0.5B"])  # relative: maybe a hub name
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "myhost"])
+def test_a_non_loopback_host_needs_an_api_key(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ROLLFLOW_INFERENCE_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="inference.host.*without an API key"):
+        load_config(overrides=[f"inference.host={host}"])
+    load_config(overrides=[f"inference.host={host}", "inference.api_key=k"])
+    monkeypatch.setenv("ROLLFLOW_INFERENCE_API_KEY", "k")
+    load_config(overrides=[f"inference.host={host}"])
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost"])
+def test_loopback_hosts_need_no_api_key(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ROLLFLOW_INFERENCE_API_KEY", raising=False)
+    assert load_config(overrides=[f"inference.host={host}"]).inference.host == host
+
+
+def test_is_loopback_host() -> None:
+    assert all(is_loopback_host(h) for h in ("127.0.0.1", "127.9.9.9", "localhost", "::1", "[::1]"))
+    assert not any(is_loopback_host(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com", ""))

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rollflow.api.config import DatasetConfig
-from rollflow.api.errors import ConfigError, DatasetRowError
+from rollflow.api.errors import ConfigError, DatasetFileError, DatasetRowError
 from rollflow.data import gsm8k_dataset_config, load_gsm8k, load_prompts
 from rollflow.data.loader import data_files_for
 from rollflow.rewards.math import gsm8k_reward_fn
@@ -111,6 +111,25 @@ def test_malformed_rows_name_index_field_and_fix(
     message = str(info.value)
     assert "row 2" in message and f"field {field!r}" in message and words in message
     assert "dataset.on_bad_row=skip" in message
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "words"),
+    [
+        ("latin1.jsonl", b'{"question": "caf\xe9", "answer": "1"}\n', "are not UTF-8 text: byte b'\\xe9'"),
+        ("latin1.csv", b"question,answer\ncaf\xe9,1\n", "are not UTF-8 text"),
+        ("empty.jsonl", b"", "are empty (no rows)"),
+        ("empty.csv", b"", "are empty (no rows)"),
+        ("header.csv", b"question,answer\n", "are empty (no rows)"),
+        ("blank.jsonl", b"\n\n", "are empty (no rows)"),
+    ],
+)
+def test_unreadable_files_name_the_file(tmp_path: Path, name: str, content: bytes, words: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(DatasetFileError) as info:
+        load_prompts(_files(str(path)), "train")
+    assert str(path) in str(info.value) and words in str(info.value)
 
 
 @pytest.mark.parametrize(

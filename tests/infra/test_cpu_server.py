@@ -491,6 +491,8 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("bad pause mode", "/pause_generation", {"mode": "bogus"}, 400, "mode must be one of"),
     ("bad abort body", "/abort_request", {"rid": 5}, 400, "rid must be a string"),
     ("unknown route", "/generate_v2", {"input_ids": [1]}, 404, "Not Found"),
+    # 100,000 nested brackets: json.loads raises RecursionError; a 500 would make the client retry.
+    ("deeply nested JSON", "/generate", b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply"),
 ]
 
 

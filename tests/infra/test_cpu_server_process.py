@@ -6,6 +6,10 @@ One server with an API key for the module; ``launch_local_servers`` passes the k
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -15,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from infra.servers import ServerGroup, cpu_server_command, redact_command
+from infra.servers import ServerGroup, cpu_server_command, launch_local_servers, redact_command
+from rollflow.api.config import InferenceConfig
 
 KEY = "test-key-123"
 
@@ -86,3 +91,34 @@ def test_commands_and_redaction(tiny_model_dir: Path) -> None:
         "--port",
         "1",
     ]
+
+
+def test_weight_updates_are_limited_to_the_weights_roots(
+    tiny_model_dir: Path, tiny_model_dir_b: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "cache"
+    root.mkdir()
+    inside = root / "v000001"
+    shutil.copytree(tiny_model_dir_b, inside)
+    (root / "escape").symlink_to(tiny_model_dir_b)  # a link inside the root to a directory outside it
+    cfg = InferenceConfig(n_servers=1, server_threads=1, startup_timeout_s=90.0)
+    group = launch_local_servers(cfg, tiny_model_dir, extra_args=["--weights-root", str(root)])
+    try:
+        addr = group.addresses[0]
+        for path in (tiny_model_dir_b, root / "escape", root / ".." / tiny_model_dir_b.name):
+            body = {"model_path": str(path), "weight_version": "1"}
+            status, reply = post(addr, "/update_weights_from_disk", body)
+            assert status == 400 and "outside the weights roots" in reply["message"], (path, reply)
+        body = {"model_path": str(inside), "weight_version": "1"}
+        status, reply = post(addr, "/update_weights_from_disk", body)
+        assert status == 200 and reply["success"], reply
+    finally:
+        group.stop(timeout_s=10)
+
+
+def test_a_non_loopback_server_without_an_api_key_refuses_to_start(tiny_model_dir: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ROLLFLOW_INFERENCE_API_KEY"}
+    cmd = [sys.executable, "-m", "infra.cpu_server", "--model-path", str(tiny_model_dir), "--host", "0.0.0.0"]
+    proc = subprocess.run([*cmd, "--port", "1"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "refusing to serve on 0.0.0.0 without an API key" in proc.stderr

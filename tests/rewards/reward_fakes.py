@@ -45,3 +45,21 @@ def dying_reward_fn(prompt: str, completion: str, answer: str, **data: Any) -> f
 
 def pid_reward_fn(prompt: str, completion: str, answer: str, **data: Any) -> float:
     return float(os.getpid())
+
+
+def dies_once_reward_fn(prompt: str, completion: str, answer: str, **data: Any) -> float:
+    """Kills its worker the first time (creating ``data['marker']``), then scores 1.0: a transient crash."""
+    marker = data["marker"]
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(9)
+    return 1.0
+
+
+def huge_reward_fn(prompt: str, completion: str, answer: str, **data: Any) -> float:
+    """Returns ``float(completion)``: "1e39", "1e308", "inf", "nan", "-1e7" or a sane "0.5"."""
+    return float(completion)
+
+
+def string_reward_fn(prompt: str, completion: str, answer: str, **data: Any) -> float:
+    return "1.0"  # type: ignore[return-value]

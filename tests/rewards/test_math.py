@@ -115,6 +115,25 @@ def test_gsm8k_reward_takes_full_solutions_or_bare_references() -> None:
     assert gsm8k_reward_fn("q", "12", None) == 0.0  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("completion", "reference"),
+    [
+        ("1" * 50_000, "42"),  # past Python's 4,300-digit int-conversion limit
+        ("\\boxed{" + "9" * 5_000 + "}", "42"),
+        ("#### " + "9" * 5_000, "42"),
+        ("\\frac{" + "1" * 5_000 + "}{3}", "42"),
+        ("1/" + "0" * 5_000, "42"),
+        ("42", "1" * 50_000),  # a junk reference is a wrong answer too
+        ("\\boxed{\\frac{", "42"),  # unbalanced LaTeX
+        ("\x00\x01\udcff", "42"),
+        ("42", "reasoning ####  "),  # nothing after the marker
+    ],
+)
+def test_the_verifier_scores_junk_zero_and_never_raises(completion: str, reference: str) -> None:
+    assert math_reward_fn("q", completion, reference) == 0.0
+    assert gsm8k_reward_fn("q", completion, reference) == 0.0
+
+
 def test_extract_answer_priorities() -> None:
     assert extract_answer("5 then \\boxed{7} then 9") == "7"
     assert extract_answer("5 #### 7 then 9") == "7 then 9"  # the rest of the line; its first number counts

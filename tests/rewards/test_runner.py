@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -96,15 +97,57 @@ def test_a_hanging_reward_times_out_without_eating_a_slot() -> None:
     assert not any(_alive(pid) for pid in before)  # the hung workers were killed, not leaked
 
 
-def test_a_dying_worker_is_replaced() -> None:
+def test_a_dying_worker_is_replaced_and_the_call_is_an_infrastructure_failure() -> None:
     async def main() -> tuple[list[RewardOutcome], AsyncRewardRunner]:
         async with AsyncRewardRunner(f"{FAKES}:dying_reward_fn", max_workers=1, timeout_s=30) as r:
             return [await r.ascore("p", c, "a") for c in ("die", "ok", "die", "ok")], r
 
     outs, r = asyncio.run(main())
     assert [o.score for o in outs] == [0.0, 1.0, 0.0, 1.0]
+    assert [o.infra_error for o in outs] == [True, False, True, False]  # not a judgement of "die"
     assert "exit code 3" in (outs[0].error or "")
-    assert r.stats.errors == 2 and r.stats.worker_restarts == 2
+    # Each "die" is tried twice (infra_retries=1), killing two workers.
+    assert r.stats.errors == 2 and r.stats.worker_restarts == 4
+    assert r.stats.infra_retries == 2 and r.stats.infra_failures == 2
+
+
+def test_a_call_whose_worker_dies_once_is_retried_on_a_fresh_worker(tmp_path: Path) -> None:
+    async def main() -> tuple[RewardOutcome, AsyncRewardRunner]:
+        async with AsyncRewardRunner(f"{FAKES}:dies_once_reward_fn", max_workers=1, timeout_s=30) as r:
+            return await r.ascore("p", "c", "a", marker=str(tmp_path / "died")), r
+
+    out, r = asyncio.run(main())
+    assert out == RewardOutcome(1.0)  # the retry's real score, not a 0 for the crash
+    assert r.stats.infra_retries == 1 and r.stats.worker_restarts == 1 and r.stats.errors == 0
+
+
+@pytest.mark.parametrize("value", ["1e39", "1e308", "inf", "-inf", "nan", "-1e7"])
+def test_unbounded_rewards_are_refused_at_the_worker(value: str) -> None:
+    async def main() -> RewardOutcome:
+        async with AsyncRewardRunner(f"{FAKES}:huge_reward_fn", max_workers=1, timeout_s=30) as r:
+            return await r.ascore("p", value, "a")
+
+    out = asyncio.run(main())
+    assert out.score == 0.0 and not out.infra_error
+    assert "|reward| <= 1e+06" in (out.error or "")
+
+
+@pytest.mark.parametrize(("fn", "value"), [("huge_reward_fn", "0.5"), ("huge_reward_fn", "-1e6")])
+def test_bounded_rewards_pass(fn: str, value: str) -> None:
+    async def main() -> RewardOutcome:
+        async with AsyncRewardRunner(f"{FAKES}:{fn}", max_workers=1, timeout_s=30) as r:
+            return await r.ascore("p", value, "a")
+
+    assert asyncio.run(main()) == RewardOutcome(float(value))
+
+
+def test_a_string_reward_is_refused_not_converted() -> None:
+    async def main() -> RewardOutcome:
+        async with AsyncRewardRunner(f"{FAKES}:string_reward_fn", max_workers=1, timeout_s=30) as r:
+            return await r.ascore("p", "c", "a")
+
+    out = asyncio.run(main())
+    assert out.score == 0.0 and "'1.0' (str), not a float" in (out.error or "")
 
 
 def test_calls_run_in_parallel_up_to_max_workers() -> None:
@@ -192,6 +235,7 @@ def test_a_function_that_fails_to_import_in_the_worker_is_counted() -> None:
 
     out = asyncio.run(main())
     assert out.score == 0.0 and "cannot import reward function" in (out.error or "")
+    assert out.infra_error  # no worker could answer: not a score for the completion
 
 
 def _local_reward(prompt: str, completion: str, answer: str) -> float:
@@ -257,8 +301,11 @@ def test_ascore_many_a_hang_or_death_mid_batch_costs_only_that_call() -> None:
     assert [o.score for o in hung] == [1.0, 0.0, 1.0, 1.0]  # the calls queued behind the hang were re-sent
     assert hang.stats.calls == 4 and hang.stats.timeouts == 1 and hang.stats.worker_restarts == 1
     assert [o.score for o in died] == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert [o.infra_error for o in died] == [False, True, False, True, False]  # never a reward of 0
     assert "exit code 3" in (died[1].error or "") and "exit code 3" in (died[3].error or "")
-    assert die.stats.calls == 5 and die.stats.errors == 2 and die.stats.worker_restarts == 2
+    # each "die" killed its worker, was retried once on a fresh one (infra_retries=1) and killed that too
+    assert die.stats.calls == 5 and die.stats.infra_failures == 2 and die.stats.infra_retries == 2
+    assert die.stats.worker_restarts == 4
 
 
 def test_ascore_many_larger_than_the_pipe_buffer_is_sent_call_by_call() -> None:

@@ -31,13 +31,18 @@ ROW = {"prompt_id": "q1", "messages": [{"role": "user", "content": "12+30=?"}], 
 class Scorer:
     """Scores from a list, in call order (then the last one forever); records what it was asked."""
 
-    def __init__(self, *scores: float, error: str | None = None, timed_out: bool = False) -> None:
+    def __init__(
+        self, *scores: float, error: str | None = None, timed_out: bool = False, infra_at: int = -1
+    ) -> None:
         self.scores, self.error, self.timed_out = list(scores) or [0.0], error, timed_out
+        self.infra_at = infra_at  # the call index whose worker "died" (infra_error), -1 for none
         self.calls: list[tuple[str, str, Any, dict[str, Any]]] = []
 
     async def ascore(self, prompt: str, completion: str, answer: Any, **data: Any) -> Any:
         self.calls.append((prompt, completion, answer, data))
         score = self.scores.pop(0) if len(self.scores) > 1 else self.scores[0]
+        if len(self.calls) - 1 == self.infra_at:
+            return SimpleNamespace(score=0.0, error="reward worker died", timed_out=False, infra_error=True)
         return SimpleNamespace(score=score, error=self.error, timed_out=self.timed_out)
 
 
@@ -303,6 +308,30 @@ def test_reward_errors_and_timeouts_score_zero_and_are_counted(
     assert all(key in r.extra for r in group.rows)
     counts = wf.reward_counts
     assert (counts.errors, counts.timeouts) == ((2, 0) if error else (0, 2))
+
+
+def test_a_dead_reward_worker_drops_the_group_instead_of_training_on_zero(tiny_model_dir: Path) -> None:
+    tok = _tokenizer(tiny_model_dir)
+    scorer = Scorer(1.0, infra_at=1)
+    wf = RLVRWorkflow(
+        "builtins:len", tok, SamplingParams(max_new_tokens=2), group_size=3, reward_runner=scorer
+    )
+    client = ScriptedClient(([5], "stop"), ([6], "stop"), ([7], "stop"))
+    assert asyncio.run(wf.arun_episode(client, dict(ROW))) is None
+    assert wf.reward_counts.as_metrics()["groups_dropped_reward_infra"] == 1.0
+    # The next group, whose rewards all arrive, is kept.
+    group = asyncio.run(wf.arun_episode(ScriptedClient(*[([5], "stop")] * 3), dict(ROW)))
+    assert group is not None and [r.reward for r in group.rows] == [1.0, 1.0, 1.0]
+
+
+def test_a_dead_reward_worker_drops_a_multi_turn_group(tiny_model_dir: Path) -> None:
+    tok = _tokenizer(tiny_model_dir)
+    wf = MultiTurnWorkflow(
+        "builtins:len", tok, SamplingParams(max_new_tokens=2), group_size=2,
+        reward_runner=Scorer(1.0, infra_at=0),
+    )  # fmt: skip
+    assert asyncio.run(wf.arun_episode(ScriptedClient(([5], "stop"), ([6], "stop")), dict(ROW))) is None
+    assert wf.reward_counts.dropped_groups_infra == 1
 
 
 def test_tokenizer_without_chat_template_is_a_clear_error(tiny_model_dir: Path) -> None:

@@ -20,8 +20,9 @@ def _run(model_dir: Path, *, budget: int, agg: str = "token-mean", n_mb: int = 1
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     cfg = TrainConfig(
-        batch_size=3, max_tokens_per_mb=budget, loss_agg=agg, ppo_n_minibatches=n_mb, grad_clip=0.0, **kw
-    )  # type: ignore[arg-type]
+        batch_size=3, max_tokens_per_mb=budget, loss_agg=agg, ppo_n_minibatches=n_mb, grad_clip=0.0,
+        loss_agg_max_tokens=16, **kw,
+    )  # type: ignore[arg-type]  # fmt: skip
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # the update IS the (negative) gradient
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     actor = PolicyActor(model, opt, sched, DistContext(), cfg)
@@ -37,7 +38,7 @@ def _run(model_dir: Path, *, budget: int, agg: str = "token-mean", n_mb: int = 1
     return delta, stats
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean", "seq-mean-token-sum-norm"])
 def test_gradient_does_not_depend_on_micro_batching(tiny_model_dir: Path, agg: str) -> None:
     whole, s1 = _run(tiny_model_dir, budget=10_000, agg=agg)  # one micro-batch
     split, s2 = _run(tiny_model_dir, budget=1, agg=agg)  # one group per micro-batch (each over budget)

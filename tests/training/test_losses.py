@@ -114,8 +114,32 @@ def test_aggregation_token_and_sequence_mean() -> None:
     assert aggregate(values, mask, "token-mean", normalizer=8.0).item() == pytest.approx(1.25)
     assert aggregate(values, mask, "seq-mean", normalizer=4.0).item() == pytest.approx(1.5)
     assert masked_mean(values, mask).item() == pytest.approx(2.5)
+    # seq-mean-token-sum-norm, L = 5: (1 + 2 + 3 + 4) / (2 sequences with tokens * 5) = 1.0
+    assert aggregate(values, mask, "seq-mean-token-sum-norm", max_tokens=5).item() == pytest.approx(1.0)
+    # with the minibatch normaliser N_seqs * L = 4 * 5: 10 / 20 = 0.5
+    assert aggregate(values, mask, "seq-mean-token-sum-norm", normalizer=20.0).item() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="constant L"):
+        aggregate(values, mask, "seq-mean-token-sum-norm")
     with pytest.raises(ValueError, match="loss_agg"):
         aggregate(values, mask, "sum")  # type: ignore[arg-type]
+
+
+def test_the_constant_normaliser_weighs_every_token_alike() -> None:
+    # Two sequences, lengths 1 and 3, every token loss 1: d loss / d l_it per token.
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    grads = {}
+    for mode, kw in (("seq-mean", {}), ("token-mean", {}), ("seq-mean-token-sum-norm", {"max_tokens": 4})):
+        values = torch.ones(2, 3, requires_grad=True)
+        aggregate(values, mask, mode, **kw).backward()  # type: ignore[arg-type]
+        grads[mode] = values.grad
+    # seq-mean: 1/(2*1) = 0.5 for the short sequence's token, 1/(2*3) = 1/6 for the long one's (length bias)
+    assert grads["seq-mean"][0, 0].item() == pytest.approx(0.5)
+    assert grads["seq-mean"][1, 0].item() == pytest.approx(1 / 6)
+    # token-mean: 1/4 for every token, but 4 is this batch's token count
+    assert grads["token-mean"][0, 0].item() == grads["token-mean"][1, 2].item() == pytest.approx(0.25)
+    # constant L = 4: 1/(2*4) = 0.125 for every token, whatever the lengths in the batch
+    assert grads["seq-mean-token-sum-norm"][0, 0].item() == pytest.approx(0.125)
+    assert grads["seq-mean-token-sum-norm"][1, 2].item() == pytest.approx(0.125)
 
 
 def test_approx_kl_metric() -> None:

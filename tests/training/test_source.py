@@ -61,3 +61,17 @@ def test_timeout_without_new_data_raises() -> None:
     c = BatchCollector(FakeReader([], visible=[]), timeout_s=0.05, poll_interval_s=0.01)
     with pytest.raises(TrainerError, match="no new trajectory group"):
         c.collect(1, min_head_version=None)
+
+
+def test_a_waiting_collector_says_what_it_waits_for(caplog: pytest.LogCaptureFixture) -> None:
+    ticks = iter(range(0, 10_000, 10))  # each clock read is 10 s later
+    reader = FakeReader([("a", 5), ("b", 5)], visible=[1, 1, 1, 1, 2])
+    c = BatchCollector(
+        reader, timeout_s=1000, poll_interval_s=0.001, clock=lambda: float(next(ticks)), report_every_s=30
+    )
+    with caplog.at_level("INFO", logger="rollflow.training.source"):
+        got = c.collect(2, min_head_version=4)
+    assert got is not None and got.groups == ["a", "b"]
+    waits = [r.getMessage() for r in caplog.records if "trainer waiting" in r.getMessage()]
+    assert waits and "waiting for 1 more trajectory group(s) with head_version >= 4 (1/2 in hand)" in waits[0]
+    assert "gives up after 1000 s" in waits[0]
