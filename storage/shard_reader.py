@@ -10,8 +10,16 @@ The shard itself is left in place for a human. Transient I/O errors (anything bu
 raised, and leave the cursor untouched: `take` is all-or-nothing.
 
 `ReaderCursor` is the exactly-once state: for each commit, how many of its groups were consumed (groups
-are consumed in file order). The trainer saves `cursor.to_json()` with its resume state and restores it
-with `ReaderCursor.from_json`, so nothing is consumed twice and nothing is skipped.
+are consumed in file order), and which of a partly consumed commit's groups were dropped as stale. The
+trainer saves `cursor.to_json()` with its resume state and restores it with `ReaderCursor.from_json`, so
+nothing is consumed twice and nothing is skipped.
+
+Capacity credits (`storage.credits`): when `take` finishes a commit of which it dropped groups as stale,
+it writes the commit's credit document; a quarantine document says how many groups were unconsumed. The
+rollout's `GroupLedger` sums both, so groups that will never be trained stop holding staleness capacity.
+
+Listing: `take` lists incrementally (`PartitionLister`: the newest partitions every poll, all of them
+once per `sweep_s`), so a poll costs O(hot partitions) LIST requests, not O(all commits).
 
 What this is NOT: a writer or a sampler; `take` is FIFO by (record.created_at, commit_id).
 """
@@ -30,16 +38,22 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage import keys
+from storage import credits, keys
 from storage.commits import CommitRecord
 from storage.errors import CorruptShardError, SchemaMismatchError
 from storage.fs import Storage
+from storage.partition_lister import PartitionLister
 from storage.schema import SCHEMA_VERSION, TrajectoryGroup, table_to_groups, validate_table
 from storage.validate import check_token_ids, parse_commit_record
 
 logger = logging.getLogger(__name__)
 
 _COMMIT_ID_RE = re.compile(r"^(?P<writer>.+)-(?P<seq>\d{8,})$")
+
+
+def _cid(record_key: str) -> str:
+    """The commit id of a record key (its file name without `.json`)."""
+    return record_key.rsplit("/", 1)[-1][: -len(".json")]
 
 
 @dataclass
@@ -64,6 +78,7 @@ class ReaderCursor:
     def __init__(self) -> None:
         self._partial: dict[str, int] = {}
         self._done: set[str] = set()
+        self._dropped: dict[str, set[int]] = {}  # partly consumed commit -> indices dropped as stale
 
     def position(self, commit_id: str) -> int | None:
         """Groups of `commit_id` consumed so far (0 if untouched), or None once it is fully consumed."""
@@ -95,12 +110,23 @@ class ReaderCursor:
     def finish(self, commit_id: str) -> None:
         """Mark a commit fully consumed (also used for quarantined ones)."""
         self._partial.pop(commit_id, None)
+        self._dropped.pop(commit_id, None)
         self._done.add(commit_id)
+
+    def dropped(self, commit_id: str) -> set[int]:
+        """Indices of `commit_id`'s groups dropped as stale so far (only kept while it is partly consumed)."""
+        return set(self._dropped.get(commit_id, ()))
+
+    def note_dropped(self, commit_id: str, indices: set[int]) -> None:
+        """Remember stale drops of a commit that stays partly consumed (saved with the cursor)."""
+        if indices:
+            self._dropped.setdefault(commit_id, set()).update(indices)
 
     def update(self, other: ReaderCursor) -> None:
         """Replace this cursor's state with `other`'s (in place, so references stay valid)."""
         self._partial = dict(other._partial)
         self._done = set(other._done)
+        self._dropped = {k: set(v) for k, v in other._dropped.items()}
 
     def copy(self) -> ReaderCursor:
         c = ReaderCursor()
@@ -112,7 +138,10 @@ class ReaderCursor:
 
     def __eq__(self, other: object) -> bool:
         return (
-            isinstance(other, ReaderCursor) and self._partial == other._partial and self._done == other._done
+            isinstance(other, ReaderCursor)
+            and self._partial == other._partial
+            and self._done == other._done
+            and self._dropped == other._dropped
         )
 
     def __repr__(self) -> str:
@@ -142,6 +171,7 @@ class ReaderCursor:
             "done": dict(sorted(done.items())),
             "done_ids": sorted(odd),
             "partial": dict(sorted(self._partial.items())),
+            "partial_dropped": {k: sorted(v) for k, v in sorted(self._dropped.items()) if v},
         }
 
     @classmethod
@@ -157,6 +187,10 @@ class ReaderCursor:
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValueError(f"cursor: bad count for {cid!r}: {n!r}")
             c._partial[str(cid)] = n
+        for cid, idx in obj.get("partial_dropped", {}).items():
+            if not isinstance(idx, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in idx):
+                raise ValueError(f"cursor: bad dropped indices for {cid!r}: {idx!r}")
+            c._dropped[str(cid)] = set(idx)
         return c
 
 
@@ -170,11 +204,16 @@ class ShardReader:
         *,
         clock: Callable[[], float] = time.time,
         vocab_size: int | None = None,
+        hot_window: int = 8,
+        sweep_s: float = 60.0,
     ) -> None:
+        """`hot_window`/`sweep_s`: see `PartitionLister` (how `take` lists; `list_commits` lists fully)."""
         self.storage = storage
         self.vocab_size = vocab_size  # token ids >= this quarantine the shard (None: not checked)
         self.cursor = cursor if cursor is not None else ReaderCursor()
         self._clock = clock
+        self.lister = PartitionLister(storage, keys.COMMIT_DIR, hot_window=hot_window, sweep_s=sweep_s)
+        self._open_keys: set[str] = set()  # listed record keys whose commit is not fully consumed
         self._records: dict[str, CommitRecord] = {}  # record key -> record (records are immutable)
         self._bad_keys: set[str] = set()  # record keys already quarantined as unreadable
         self._decoded: OrderedDict[str, list[TrajectoryGroup]] = OrderedDict()  # commit id -> groups
@@ -205,7 +244,7 @@ class ShardReader:
     ) -> list[CommitRecord]:
         records: list[CommitRecord] = []
         for key in key_list:
-            cid = key.rsplit("/", 1)[-1][: -len(".json")]
+            cid = _cid(key)
             if key in self._bad_keys or (not include_consumed and cursor.is_done(cid)):
                 continue
             rec = self._records.get(key)
@@ -267,7 +306,8 @@ class ShardReader:
         return result
 
     def _take(self, n: int, min_head: int | None, cursor: ReaderCursor, result: TakeResult) -> None:
-        records = self._read_records(self._record_keys(None, None), False, cursor, result)
+        self._open_keys.update(self.lister.poll())
+        records = self._read_records(sorted(self._open_keys), False, cursor, result)
         now = self._clock()
         for rec in records:
             if len(result.groups) >= n:
@@ -281,8 +321,7 @@ class ShardReader:
             if min_head is not None and rec.max_head_version < min_head:
                 # Every remaining group is stale: drop them from the record alone, no download.
                 result.dropped_stale += rec.groups - done
-                cursor.finish(rec.commit_id)
-                self._decoded.pop(rec.commit_id, None)
+                self._finish(rec, cursor, cursor.dropped(rec.commit_id) | set(range(done, rec.groups)))
                 continue
             try:
                 groups = self._load(rec)
@@ -290,16 +329,30 @@ class ShardReader:
                 self._quarantine(rec.commit_id, rec.key, rec, str(e), cursor, result)
                 continue
             i = done
+            dropped: set[int] = set()
             while i < len(groups) and len(result.groups) < n:
                 g = groups[i]
-                i += 1
                 if min_head is not None and g.head_version < min_head:
                     result.dropped_stale += 1
+                    dropped.add(i)
                 else:
                     result.groups.append(g)
-            cursor.advance(rec.commit_id, i - done, rec.groups)
-            if cursor.is_done(rec.commit_id):
-                self._decoded.pop(rec.commit_id, None)
+                i += 1
+            if i >= rec.groups:
+                self._finish(rec, cursor, cursor.dropped(rec.commit_id) | dropped)
+            else:
+                cursor.advance(rec.commit_id, i - done, rec.groups)
+                cursor.note_dropped(rec.commit_id, dropped)
+        self._open_keys = {k for k in self._open_keys if not cursor.is_done(_cid(k))}
+
+    def _finish(self, rec: CommitRecord, cursor: ReaderCursor, dropped: set[int]) -> None:
+        """Mark `rec` consumed; if any of its groups were dropped as stale, write its credit document."""
+        if dropped:
+            self.storage.put_json(
+                credits.credit_key(rec.partition, rec.commit_id), credits.credit_doc(rec.commit_id, dropped)
+            )
+        cursor.finish(rec.commit_id)
+        self._decoded.pop(rec.commit_id, None)
 
     def _load(self, rec: CommitRecord) -> list[TrajectoryGroup]:
         """Decoded groups of a verified shard (cached while partially consumed); CorruptShardError if bad."""
@@ -354,12 +407,17 @@ class ShardReader:
             qkey = keys.quarantine_key(commit_id)
         except ValueError:
             qkey = keys.quarantine_key("bad-" + hashlib.sha256(commit_id.encode()).hexdigest()[:16])
+        # Credit: the groups not consumed yet, plus those of them already dropped as stale.
+        credit = 0
+        if rec is not None:
+            credit = rec.groups - cursor.consumed(commit_id, rec.groups) + len(cursor.dropped(commit_id))
         self.storage.put_json(
             qkey,
             {
                 "commit_id": commit_id,
                 "record_key": record_key,
                 "record": rec.to_json() if rec is not None else None,
+                "credit": credit,
                 "reason": reason,
                 "quarantined_at": time.time(),
             },

@@ -9,7 +9,12 @@ A flush (by row count, by buffer age, or on `close`) does, in order:
 
 If step 2 or 3 fails the shard stays pending and the next flush retries it with the same keys and bytes,
 so a retry is idempotent: an exclusive put that finds an identical record counts as success.
-`writer_id` carries 8 random hex digits, so writers in different processes never share keys.
+`writer_id` is `{writer}-{8 random hex digits}`: `writer` is the stable name of a rollout worker (its
+state file and prompt claims use it), the suffix names this incarnation, so a restarted worker with the
+same name never reuses a key of its earlier life and two processes never share keys.
+
+Evicted groups (they failed validation at encode time, see `_encode_or_evict`) are counted in
+`stats["evicted"]` and reported to `on_evict(n)`, so the rollout credits them back to its capacity.
 
 What this is NOT: a reader, or async. Flushes block; call them from a worker thread in an event loop.
 """
@@ -55,6 +60,7 @@ class ShardWriter:
         flush_seconds: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         compression: str = "snappy",
+        on_evict: Callable[[int], None] | None = None,
     ) -> None:
         if flush_rows < 1:
             raise ValueError(f"flush_rows must be >= 1, got {flush_rows}")
@@ -74,7 +80,8 @@ class ShardWriter:
         self._pending: _Pending | None = None
         self._seq = 0
         self._closed = False
-        self.stats: dict[str, int] = {"rows": 0, "groups": 0, "shards": 0}
+        self._on_evict = on_evict
+        self.stats: dict[str, int] = {"rows": 0, "groups": 0, "shards": 0, "evicted": 0}
 
     @property
     def buffered_groups(self) -> int:
@@ -137,6 +144,9 @@ class ShardWriter:
             self._buffer_rows = sum(len(g.rows) for g in self._buffer)
             for g, e in bad:
                 logger.error("dropping invalid group %s from writer %s: %s", g.group_id, self.writer_id, e)
+            self.stats["evicted"] += len(bad)
+            if self._on_evict is not None:
+                self._on_evict(len(bad))
             g, e = bad[0]
             raise InvalidTrajectoryError(
                 f"{len(bad)} invalid group(s) dropped from the buffer, first {g.group_id!r}: {e}"

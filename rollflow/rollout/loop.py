@@ -3,10 +3,13 @@
 What it is: ``run_rollout_loop(cfg, storage, client, ...)``, one coroutine that
 1. loads the train split and checks every row where it enters (``dataset.on_bad_row``: raise a
    ``DatasetRowError`` naming the row and field, or skip and count);
-2. restores its accounting: ``accepted`` from the groups committed in storage (never 0 after a restart,
-   AReaL #1388), the data cursor and the episodes that were in flight from ``rollout/state-{name}.json``;
+2. restores its accounting from storage (``GroupLedger``): every writer's committed groups and the
+   credited ones (dropped stale or quarantined by the trainer), never 0 after a restart (AReaL #1388);
+   the data cursor and the episodes that were in flight from ``rollout/state-{name}.json``;
 3. runs episodes through the executor under the staleness capacity, writing accepted groups as shards;
-   after every shard commit it persists ``{epoch, position, open, accepted, rejected, failed}``;
+   after every shard commit it persists ``{epoch, position, open, accepted, rejected, failed}``; every
+   ``done_poll_s`` it re-reads the ledger, so the bound is global: other writers' commits count, and
+   groups that will never be trained (stale, quarantined, evicted by the writer) are credited back;
 4. stops on the trainer's done marker (``trainer/DONE.json``), ``stop_event``, ``rollout.max_groups``,
    or after ``rollout.max_epochs`` passes, and returns a ``RolloutSummary``.
 
@@ -25,6 +28,7 @@ import asyncio
 import inspect
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,7 +47,7 @@ from rollflow.rollout.supply import bounded_supply_warning
 from storage import keys
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
-from storage.shard_reader import ShardReader
+from storage.group_ledger import GroupLedger, LedgerView
 from storage.shard_writer import ShardWriter
 
 logger = logging.getLogger(__name__)
@@ -55,7 +59,7 @@ Key = tuple[int, int]  # (epoch, position in that epoch's permutation)
 
 @dataclass
 class RolloutSummary:
-    """What one run of the loop did (``total_*`` include what earlier runs of the trial did)."""
+    """What one run of the loop did (``total_accepted``: committed by every run of this worker name)."""
 
     stopped_by: StopReason
     accepted: int
@@ -241,14 +245,16 @@ async def run_rollout_loop(
 
     state_key = keys.rollout_state_key(writer_name)
     state = await asyncio.to_thread(_load_state, storage, state_key)
-    committed = await asyncio.to_thread(lambda: ShardReader(storage).count_committed_groups())
+    ledger = GroupLedger(storage)
+    view = await asyncio.to_thread(ledger.refresh)
+    committed = view.accepted
     staleness = StalenessManager(
         cfg.rollout.max_concurrent_rollouts,
         cfg.rollout.max_staleness,
         cfg.train.batch_size,
         listeners=listeners,
     )
-    staleness.restore(accepted=committed, rejected=int(state.get("rejected", 0)))
+    staleness.restore(accepted=committed, credited=view.credited, rejected=int(state.get("rejected", 0)))
     replay = [tuple(k) for k in state.get("open", [])]
     cursor = PromptCursor(
         rows,
@@ -259,11 +265,13 @@ async def run_rollout_loop(
         replay=replay,  # type: ignore[arg-type]
     )
     logger.info(
-        "rollout %s starts: %d rows (%d bad), %d groups committed, epoch %d position %d, %d to replay",
+        "rollout %s starts: %d rows (%d bad), %d groups committed (%d credited), epoch %d position %d, "
+        "%d to replay",
         writer_name,
         len(rows),
         bad_rows,
         committed,
+        view.credited,
         cursor.epoch,
         cursor.position,
         len(replay),
@@ -277,6 +285,7 @@ async def run_rollout_loop(
         writer_name,
         flush_rows=cfg.rollout.shard_flush_rows,
         flush_seconds=cfg.rollout.shard_flush_seconds,
+        on_evict=staleness.on_evicted,
     )
     failed_before = int(state.get("failed", 0))
 
@@ -293,6 +302,13 @@ async def run_rollout_loop(
             "failed": failed_before + ex.stats.failed,
             "updated_at": time.time(),
         }
+
+    def sync() -> LedgerView:  # worker thread
+        v = ledger.refresh()
+        staleness.sync(
+            accepted=v.accepted, credited=v.credited, own_visible=v.writer_groups(writer.writer_id)
+        )
+        return v
 
     def on_flush(ex: WorkflowExecutor) -> None:  # loop thread, right after a commit
         ex.submit_io(storage.put_json, state_key, state_doc(ex))
@@ -320,7 +336,9 @@ async def run_rollout_loop(
                 now = time.monotonic()
                 if stop_event is not None and stop_event.is_set():
                     stopped_by = "stop_event"
-                elif cfg.rollout.max_groups is not None and staleness.stat.accepted >= cfg.rollout.max_groups:
+                elif (
+                    cfg.rollout.max_groups is not None and staleness.accepted_total >= cfg.rollout.max_groups
+                ):
                     stopped_by = "limit"
                 elif cursor.exhausted and executor.n_running == 0:
                     stopped_by = "epochs"
@@ -328,6 +346,8 @@ async def run_rollout_loop(
                     last_done = now
                     if await asyncio.to_thread(done_store.is_done) is not None:
                         stopped_by = "done"
+                    else:
+                        await asyncio.to_thread(sync)
                 if now - last_metrics >= metrics_interval_s:
                     last_metrics = now
                     _log_metrics(metrics, executor, staleness, workflow, version_fn())
@@ -340,6 +360,7 @@ async def run_rollout_loop(
             if close is not None:
                 close()
     _log_metrics(metrics, executor, staleness, workflow, version_fn())
+    final = await asyncio.to_thread(ledger.refresh)
     st = executor.stats
     elapsed = time.monotonic() - t0
     summary = RolloutSummary(
@@ -347,7 +368,7 @@ async def run_rollout_loop(
         accepted=st.accepted,
         rejected=st.n_rejected,
         failed=st.failed,
-        total_accepted=staleness.stat.accepted,
+        total_accepted=_own_groups(final, writer_name),
         epoch=cursor.epoch,
         position=cursor.position,
         tokens=st.tokens,
@@ -359,6 +380,12 @@ async def run_rollout_loop(
     )
     logger.info("rollout %s stopped (%s): %s", writer_name, summary.stopped_by, summary)
     return summary
+
+
+def _own_groups(view: LedgerView, name: str) -> int:
+    """Committed groups of every incarnation of worker ``name`` (writer ids ``{name}-{8 hex}``)."""
+    own = re.compile(rf"^{re.escape(name)}-[0-9a-f]{{8}}$")
+    return sum(n for w, n in view.by_writer.items() if own.match(w))
 
 
 def _load_state(storage: Storage, key: str) -> dict[str, Any]:

@@ -5,7 +5,15 @@ the capacity that bounds both concurrency and off-policyness. All counts are in 
 one prompt is one ``TrajectoryGroup``, and ``consumer_batch_size`` is the trainer's groups per step.
 
     max_samples(v) = (max_staleness + v + 1) * consumer_batch_size
-    capacity(v)    = min(max_concurrent - running,  max_samples(v) - (accepted + running))
+    capacity(v)    = min(max_concurrent - running,  max_samples(v) - (live + running))
+    live           = (accepted_G - credited_G) + others_inflight + (accepted_local - evicted - own_visible)
+
+``accepted_G`` and ``credited_G`` are read from storage by ``sync`` (every writer's committed groups,
+and the groups of them that will never be trained: dropped stale by the trainer or quarantined);
+``own_visible`` is how many of this process's accepted groups that snapshot already holds, so the last
+term is this process's accepted groups not yet visible in storage (buffered, or committed after the
+snapshot), less those the shard writer evicted as invalid; ``others_inflight`` is what the other live
+workers report running or buffered. With one writer and no credits ``live`` is just ``accepted``.
 
 Why the second term bounds staleness: the trainer at version ``v`` has consumed ``v * B`` groups and
 consumes oldest first, so a group that is among the first ``max_samples(v)`` ever produced is consumed
@@ -14,9 +22,12 @@ started under. Worked example (the seed's): v = 5, max_staleness = 2, B = 64, 50
 running, 1000 max concurrent -> min(1000 - r, (2 + 5 + 1) * 64 - 500) = 512 - 500 = 12.
 
 ``version`` is the trainer version the servers have loaded (``LATEST`` through the checkpoint watcher),
-read through ``version_fn`` or passed explicitly. After a restart, ``restore(accepted=...)`` seeds the
-counter from the groups storage already holds; resetting it to 0 would let the rollout run up to
+read through ``version_fn`` or passed explicitly. After a restart, ``restore(accepted=..., credited=...)``
+seeds the counters from what storage already holds; resetting them to 0 would let the rollout run up to
 ``max_samples`` groups ahead of the trainer again (AReaL bug #1388: unbounded staleness after recovery).
+Why credits matter: a group that is accepted but never trained still counts in ``accepted``; without the
+credit, once such groups exceed ``max_staleness * B`` the room stays <= 0 for good (with
+``max_staleness = 0`` one quarantined shard is enough) and the trainer starves.
 
 What it is not: it starts nothing and reads no storage; the executor asks it and reports events to it.
 """
@@ -82,6 +93,13 @@ class StalenessManager:
         self._lock = threading.Lock()
         self._stat = RolloutStat()
         self._last_version = 0
+        # Global view (see the module docstring); without a sync they reduce to the local counters.
+        self._restored = 0  # accepted groups restored at start (already in storage then)
+        self._global_accepted = 0
+        self._global_credited = 0
+        self._own_visible = 0
+        self._others_inflight = 0
+        self._evicted = 0
 
     # --- reading ---------------------------------------------------------------------------------------
 
@@ -117,21 +135,51 @@ class StalenessManager:
             self._last_version = v
             return self._capacity_locked(v)
 
+    @property
+    def live(self) -> int:
+        """Groups that exist or will, and may still be trained: ``live`` in the module docstring."""
+        with self._lock:
+            return self._live_locked()
+
+    @property
+    def credited(self) -> int:
+        """Groups credited back: never trained (storage's count at the last sync) or evicted here."""
+        with self._lock:
+            return self._global_credited + self._evicted
+
+    @property
+    def accepted_total(self) -> int:
+        """Groups accepted by every writer as far as this process knows: storage's count at the last sync
+        plus this process's accepted groups not yet visible there (evicted ones excluded)."""
+        with self._lock:
+            return self._global_accepted + self._local_unseen_locked()
+
+    def _local_unseen_locked(self) -> int:
+        return max(0, self._stat.accepted - self._restored - self._evicted - self._own_visible)
+
+    def _live_locked(self) -> int:
+        return (
+            self._global_accepted
+            - self._global_credited
+            + self._others_inflight
+            + self._local_unseen_locked()
+        )
+
     def _capacity_locked(self, v: int) -> int:
         s = self._stat
         concurrency_room = self.max_concurrent - s.running
-        staleness_room = self.max_samples(v) - (s.accepted + s.running)
+        staleness_room = self.max_samples(v) - (self._live_locked() + s.running)
         return min(concurrency_room, staleness_room)
 
     def expected_consumer_version(self, version: int | None = None) -> int:
         """Lowest trainer version at which the NEXT accepted group can be consumed (oldest-first trainer).
 
-        ``max(version, accepted // B)``: ``accepted`` groups are ahead of it in the queue, and a
+        ``max(version, live // B)``: ``live`` trainable groups are ahead of it in the queue, and a
         trainer that consumes B per step reaches group index k at version k // B (or later).
         """
         v = self.current_version(version)
         with self._lock:
-            return max(v, self._stat.accepted // self.consumer_batch_size)
+            return max(v, self._live_locked() // self.consumer_batch_size)
 
     # --- events ----------------------------------------------------------------------------------------
 
@@ -176,6 +224,31 @@ class StalenessManager:
     def on_rollout_rejected(self) -> None:
         self._update("rejected", running=-1, rejected=1)
 
+    def on_evicted(self, n: int = 1) -> None:
+        """``n`` accepted groups were evicted by the shard writer (invalid): they will never exist."""
+        if n < 0:
+            raise ValueError(f"on_evicted needs n >= 0, got {n}")
+        with self._lock:
+            self._evicted += n
+        logger.info("%d evicted group(s) credited back to the staleness capacity", n)
+
+    def sync(self, *, accepted: int, credited: int, own_visible: int, others_inflight: int = 0) -> None:
+        """Take storage's view: ``accepted`` groups committed by all writers, ``credited`` of them never
+        to be trained, ``own_visible`` of this process's accepted groups among them, and
+        ``others_inflight`` running or buffered in other live workers. Read credits before commits, so
+        every credited group is among the counted ones and ``accepted - credited`` never undercounts.
+        """
+        if min(accepted, credited, own_visible, others_inflight) < 0 or credited > accepted:
+            raise ValueError(
+                f"sync needs 0 <= credited <= accepted and counts >= 0, got accepted={accepted} "
+                f"credited={credited} own_visible={own_visible} others_inflight={others_inflight}"
+            )
+        with self._lock:
+            self._global_accepted = accepted
+            self._global_credited = credited
+            self._own_visible = own_visible
+            self._others_inflight = others_inflight
+
     def try_submit(self, version: int | None = None) -> bool:
         """Atomically: if capacity > 0, count one submitted episode and return True; else False."""
         v = self.current_version(version)
@@ -189,14 +262,20 @@ class StalenessManager:
         self._emit("submitted", new, v)
         return True
 
-    def restore(self, *, accepted: int, rejected: int = 0) -> None:
+    def restore(
+        self, *, accepted: int, rejected: int = 0, credited: int = 0, others_inflight: int = 0
+    ) -> None:
         """Seed the counters after a restart from what storage shows (never reset to 0, bug #1388).
 
-        ``accepted``: groups already committed by this trial's writers; ``rejected``: from the persisted
-        rollout state (informational only; it does not enter the capacity).
+        ``accepted``: groups already committed by this trial's writers; ``credited``: how many of them
+        will never be trained (see ``sync``); ``rejected``: from the persisted rollout state
+        (informational only; it does not enter the capacity).
         """
-        if accepted < 0 or rejected < 0:
-            raise ValueError(f"restore needs counts >= 0, got accepted={accepted} rejected={rejected}")
+        if accepted < 0 or rejected < 0 or not 0 <= credited <= accepted:
+            raise ValueError(
+                f"restore needs counts >= 0 and credited <= accepted, got accepted={accepted} "
+                f"rejected={rejected} credited={credited}"
+            )
         with self._lock:
             if self._stat.running:
                 raise RuntimeError(
@@ -209,6 +288,11 @@ class StalenessManager:
                 accepted=accepted,
                 rejected=rejected,
             )
+            self._restored = self._global_accepted = accepted
+            self._global_credited, self._own_visible, self._evicted = credited, 0, 0
+            self._others_inflight = others_inflight
             new, version = self._stat, self._last_version
-        logger.info("staleness counters restored: accepted=%d rejected=%d", accepted, rejected)
+        logger.info(
+            "staleness counters restored: accepted=%d credited=%d rejected=%d", accepted, credited, rejected
+        )
         self._emit("restored", new, version)

@@ -163,3 +163,34 @@ def test_try_submit_is_atomic_across_threads() -> None:
 def test_invalid_arguments_name_the_field(kwargs: dict[str, int], fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         StalenessManager(**kwargs)
+
+
+def test_credits_reopen_capacity_with_max_staleness_0() -> None:
+    """B = 2, max_staleness = 0, version 0: 2 groups exist -> room (0 + 0 + 1) * 2 - 2 = 0. The trainer
+    quarantines their shard: 2 credited -> live 2 - 2 = 0 -> room 2 again."""
+    m = StalenessManager(max_concurrent=10, max_staleness=0, consumer_batch_size=2)
+    m.restore(accepted=2)
+    assert m.get_capacity(0) == 0
+    m.sync(accepted=2, credited=2, own_visible=0)
+    assert m.get_capacity(0) == 2 and m.live == 0 and m.credited == 2
+    # a restart restores both numbers from storage: the same room
+    r = StalenessManager(max_concurrent=10, max_staleness=0, consumer_batch_size=2)
+    r.restore(accepted=2, credited=2)
+    assert r.get_capacity(0) == 2
+
+
+def test_global_live_count_with_own_unseen_evicted_and_other_workers() -> None:
+    """live = (G - C) + others + (local accepted - restored - evicted - own visible)."""
+    m = StalenessManager(max_concurrent=100, max_staleness=1, consumer_batch_size=4)
+    m.restore(accepted=6, credited=1)  # G 6, C 1 -> live 5
+    for _ in range(3):
+        assert m.try_submit(0)
+        m.on_rollout_accepted()  # 3 accepted here, none visible in storage yet -> live 8
+    assert m.live == 8 and m.accepted_total == 9
+    m.on_evicted(1)  # the writer dropped one as invalid -> live 7
+    assert m.live == 7
+    # storage now shows this process's 2 committed groups and 5 more from another writer; 3 others run
+    m.sync(accepted=6 + 2 + 5, credited=1, own_visible=2, others_inflight=3)
+    # (13 - 1) + 3 + (3 - 1 - 2) = 15; room at version 2: (1 + 2 + 1) * 4 - 15 = 1
+    assert m.live == 15 and m.get_capacity(2) == 1
+    assert m.expected_consumer_version(0) == 15 // 4

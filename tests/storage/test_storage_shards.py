@@ -44,7 +44,7 @@ def test_round_trip(storage: Storage) -> None:
     # 2 rows per group, flush at 4 rows -> a commit after groups 1 and 3; group 4 waits for close()
     assert [r is not None for r in records] == [False, True, False, True, False]
     w.close()
-    assert w.stats == {"rows": 10, "groups": 5, "shards": 3}
+    assert w.stats == {"rows": 10, "groups": 5, "shards": 3, "evicted": 0}
     reader = ShardReader(storage)
     res = reader.take(100)
     assert [g.group_id for g in res.groups] == [f"g{i}" for i in range(5)]
@@ -175,12 +175,13 @@ def test_retry_after_lost_commit_response_is_idempotent(
     with pytest.raises(TimeoutError):
         w.flush()
     rec = w.flush()  # exclusive put conflicts with an identical record -> success
-    assert rec is not None and w.stats == {"rows": 2, "groups": 1, "shards": 1}
+    assert rec is not None and w.stats == {"rows": 2, "groups": 1, "shards": 1, "evicted": 0}
     assert [g.group_id for g in ShardReader(storage).take(10).groups] == ["a"]
 
 
 def test_invalid_group_is_evicted_not_blocking(storage: Storage) -> None:
-    w = ShardWriter(storage, "w", flush_rows=100)
+    evicted: list[int] = []
+    w = ShardWriter(storage, "w", flush_rows=100, on_evict=evicted.append)
     bad = make_group("bad")
     bad.rows[0].head_version = 42  # inconsistent with versions
     w.add(make_group("ok1"))
@@ -190,6 +191,7 @@ def test_invalid_group_is_evicted_not_blocking(storage: Storage) -> None:
     w.add(make_group("ok2"))
     w.close()
     assert [g.group_id for g in ShardReader(storage).take(10).groups] == ["ok1", "ok2"]
+    assert evicted == [1] and w.stats["evicted"] == 1  # reported, so the rollout credits it back
 
 
 def test_stale_groups_are_consumed_and_dropped(storage: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
