@@ -190,7 +190,7 @@ class Trainer:
             temperature=cfg.rollout.generation.temperature,
             pad_id=int(pad_id),
         )
-        self.store = CheckpointStore(self.storage)
+        self.store = CheckpointStore(self.storage, ack_ttl_s=cfg.storage.ack_ttl_s)
         self.reader = ShardReader(self.storage) if ctx.is_main else None
         # Local storage: a poll is a directory listing, so poll every 50 ms and a synchronous step waits
         # for no poll; object stores bill each LIST, so there the interval backs off to 2 s when idle.
