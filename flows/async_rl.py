@@ -61,7 +61,7 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
     try:
         before = evaluate_policy(cfg, servers.addresses, label="before", min_version=0, metrics=sink)
         train_f = train_loop.submit(cfg, metrics=sink, stop_event=stop, pause_addresses=servers.addresses)
-        rollout_f = rollout_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop)
+        rollout_f = rollout_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop, fleet=servers)
         evals_f = eval_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop)
         try:
             train = train_f.result()

@@ -29,7 +29,7 @@ def rollout(
     model_path = bootstrap_model(cfg)
     servers = start_servers(cfg, model_path)
     try:
-        return rollout_loop(cfg, servers.addresses)
+        return rollout_loop(cfg, servers.addresses, fleet=servers)
     finally:
         stop_servers(servers)
 

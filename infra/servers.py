@@ -6,7 +6,10 @@ and a clean SIGTERM -> SIGKILL stop; also a context manager) and ``launch_local_
 Children get ``PR_SET_PDEATHSIG`` on Linux, so they die with the process that launched them (a cancelled
 flow run leaves no orphans). The API key travels in the environment, never on the command line.
 
-What it is not: a process supervisor (no restarts) or a client.
+``ServerGroup.supervise`` starts an ``infra.supervisor.Supervisor`` over the group: a dead server is
+restarted on its address, or given up and reported after ``max_restarts``.
+
+What it is not: the supervision policy (``infra.supervisor``) or a client.
 
 Example::
 
@@ -90,18 +93,27 @@ def health_ok(address: str, timeout_s: float = 2.0) -> bool:
 class ServerGroup:
     """Child server processes; ``addresses`` is what clients and watchers are given."""
 
-    def __init__(self, servers: list[ServerProcess], *, shutdown_timeout_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        servers: list[ServerProcess],
+        *,
+        shutdown_timeout_s: float = 15.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.servers = servers
         self.shutdown_timeout_s = shutdown_timeout_s
+        self._env = env  # the children's environment, for a restart (may hold the API key: never logged)
+        self.supervisor: Any = None  # an infra.supervisor.Supervisor once supervise() was called
 
     @property
     def addresses(self) -> list[str]:
         return [s.address for s in self.servers]
 
-    def wait_healthy(self, timeout_s: float) -> None:
-        """Block until every server answers /health; raise ``ServerStartupError`` (with its log) otherwise."""
+    def wait_healthy(self, timeout_s: float, *, only: list[int] | None = None) -> None:
+        """Block until every server (or those at ``only``) answers /health; raise ``ServerStartupError``
+        (with its log) otherwise."""
         deadline = time.monotonic() + timeout_s
-        pending = list(self.servers)
+        pending = [self.servers[i] for i in only] if only is not None else list(self.servers)
         while pending:
             for s in list(pending):
                 if s.process.poll() is not None:
@@ -126,9 +138,32 @@ class ServerGroup:
             p.kill()
             p.wait(10)
 
+    def respawn(self, index: int) -> ServerProcess:
+        """Start server ``index`` again with its command, address and environment (log appended); no wait."""
+        old = self.servers[index]
+        if old.process.poll() is None:
+            raise RuntimeError(f"server {old.address} is still running (pid {old.process.pid})")
+        logger.info("restarting server %s: %s", old.address, " ".join(redact_command(old.command)))
+        new = ServerProcess(
+            old.address, _spawn(old.command, old.log_path, self._env), old.log_path, old.command
+        )
+        self.servers[index] = new
+        return new
+
+    def supervise(self, **kw: Any) -> Any:
+        """Start (once) and return an ``infra.supervisor.Supervisor`` over this group; ``stop()`` ends it."""
+        from infra.supervisor import Supervisor
+
+        if self.supervisor is None:
+            self.supervisor = Supervisor(self, **kw)
+            self.supervisor.start()
+        return self.supervisor
+
     def stop(self, timeout_s: float | None = None) -> None:
         """SIGTERM every server, wait up to ``timeout_s`` (default ``shutdown_timeout_s``), then SIGKILL."""
         timeout_s = self.shutdown_timeout_s if timeout_s is None else timeout_s
+        if self.supervisor is not None:  # first, so nothing is restarted while it stops
+            self.supervisor.stop()
         for s in self.servers:
             if s.process.poll() is None:
                 s.process.terminate()
@@ -174,17 +209,20 @@ def start_servers(
     for i, (cmd, addr) in enumerate(zip(commands, addresses, strict=True)):
         log_path = log_root / f"{name}-{i}-{addr.replace(':', '_')}.log"
         logger.info("starting %s: %s (log %s)", name, " ".join(redact_command(cmd)), log_path)
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=full_env,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-            )
-        servers.append(ServerProcess(addr, proc, log_path, cmd))
-    return ServerGroup(servers, shutdown_timeout_s=shutdown_timeout_s)
+        servers.append(ServerProcess(addr, _spawn(cmd, log_path, full_env), log_path, cmd))
+    return ServerGroup(servers, shutdown_timeout_s=shutdown_timeout_s, env=full_env)
+
+
+def _spawn(cmd: list[str], log_path: Path, env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
 
 
 def cpu_server_command(

@@ -2,6 +2,12 @@
 
 It runs until the trainer's done marker appears, ``stop_event`` is set, or a rollout limit is hit, and
 returns the loop's summary (accepted/rejected groups, shards written, weight updates seen).
+
+With ``fleet`` (the launched servers' ``ServerGroup``), its supervisor's events reach the client and the
+watcher: a dead server is routed around, a restarted one is caught up to the served version, a lost
+one is dropped. When no server is left (or none answered for ``inference.dead_server_timeout_s``) the
+loop stops, ``stop_event`` is set (the trainer stops after its step and writes its resume point), and
+a ``ServerLostError`` says which servers died and why.
 """
 
 from __future__ import annotations
@@ -16,9 +22,33 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
+from rollflow.api.errors import ServerLostError
 from rollflow.api.metrics import MetricsSink
 from tasks.runtime import run_sync
 from tasks.tracking import PrefixSink
+
+
+class FleetLink:
+    """Passes a server supervisor's events to the rollout's client (routing) and watcher (weights)."""
+
+    def __init__(self, client: Any, watcher: Any) -> None:
+        self.client = client
+        self.watcher = watcher
+
+    def on_server_down(self, address: str, reason: str) -> None:
+        self.client.pool.mark_down(address)
+        self.client.pool.set_restarting(address, True)  # requests wait for it rather than fail
+
+    def on_server_restarted(self, address: str) -> None:
+        # It serves the initial weights: the watcher catches it up at once, while the client keeps routing
+        # around it for one more cooldown.
+        self.client.pool.mark_down(address)
+        self.client.pool.set_restarting(address, False)
+        self.watcher.resync(address)
+
+    def on_server_lost(self, address: str, reason: str) -> None:
+        self.client.pool.drop(address, reason)
+        self.watcher.drop_server(address, reason)
 
 
 @task(name="rollout-loop", cache_policy=NO_CACHE, persist_result=False)
@@ -29,6 +59,7 @@ def rollout_loop(
     metrics: MetricsSink | None = None,
     stop_event: threading.Event | None = None,
     writer_name: str | None = None,
+    fleet: Any = None,
 ) -> dict[str, Any]:
     from rollflow.rollout.client import SGLangClient
     from rollflow.rollout.loop import run_rollout_loop
@@ -41,6 +72,12 @@ def rollout_loop(
     storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
     sink = PrefixSink(metrics, "rollout/")
     client = SGLangClient.from_config(cfg.inference, addresses, metrics=sink)
+    fatal: list[str] = []
+
+    def on_fatal(message: str) -> None:
+        fatal.append(message)
+        stop_event.set()
+
     watcher = CheckpointWatcher.from_config(
         cfg.inference,
         CheckpointStore(storage),
@@ -48,7 +85,13 @@ def rollout_loop(
         cache_dir=Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial,
         on_update=client.set_version,
         metrics=sink,
+        ack_ttl_s=cfg.storage.ack_ttl_s,
+        on_fatal=on_fatal,
     )
+    link = FleetLink(client, watcher)
+    supervisor = getattr(fleet, "supervisor", None)
+    if supervisor is not None:
+        supervisor.add_listener(link)
     watcher.start()
     name = writer_name or f"rollout-{socket.gethostname()}"
 
@@ -80,7 +123,14 @@ def rollout_loop(
         raise
     finally:
         watcher.stop()
+        if supervisor is not None:
+            supervisor.remove_listener(link)
+    if fatal:
+        raise ServerLostError(f"rollout stopped: {fatal[0]}")
     logger.info("rollout finished: %s", summary)
     out = dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)
     out["weight_updates"] = len(getattr(watcher, "events", []))
+    if supervisor is not None:
+        out["server_restarts"] = sum(supervisor.restarts.values())
+        out["servers_lost"] = len(supervisor.lost)
     return out

@@ -3,6 +3,7 @@
 local: rollflow's CPU servers (infra/cpu_server) as child processes on 127.0.0.1;
 sglang: SGLang servers through infra/sglang_launcher; external: servers someone else runs.
 Child servers are tied to this process (they die with it), so a cancelled flow run leaves no orphans.
+Launched servers are supervised: one that dies is restarted on its address (``inference.max_restarts``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def start_servers(cfg: ExperimentConfig, model_path: str) -> Any:
         from infra.servers import launch_local_servers
 
         handle = launch_local_servers(cfg.inference, model_path)
+    if inf.backend != "external":  # restart a launched server that dies (infra/supervisor.py)
+        handle.supervise(
+            max_restarts=inf.max_restarts,
+            interval_s=inf.supervise_interval_s,
+            startup_timeout_s=inf.startup_timeout_s,
+        )
     logger.info("inference servers (%s): %s", inf.backend, ", ".join(handle.addresses))
     return handle
 

@@ -68,6 +68,16 @@ class StorageConfig:
             "Checkpoint GC keeps this many newest versions, and never one a live server still serves."
         ),
     )
+    ack_ttl_s: float | None = field(
+        default=300.0,
+        metadata=_help(
+            "A server's checkpoint ack counts for checkpoint GC only this many seconds after it was "
+            "written; watchers re-ack what their servers serve every ack_ttl_s / 4. So a dead server (or "
+            "one from an earlier run of the trial, which had other ports) stops holding old checkpoints "
+            "after ack_ttl_s. Keep it above the longest checkpoint download + load. null = acks never "
+            "expire (GC then stops for good at the oldest version any server ever served last)."
+        ),
+    )
     local_cache: str = field(
         default="runs/cache",
         metadata=_help("Local directory where inference workers cache verified checkpoints."),
@@ -76,6 +86,12 @@ class StorageConfig:
     def __post_init__(self) -> None:
         _check(self.root != "", "storage.root", "must not be empty; use a path or s3://bucket/prefix")
         _check(self.keep_checkpoints >= 1, "storage.keep_checkpoints", "must be >= 1")
+        if self.ack_ttl_s is not None:
+            _check(
+                self.ack_ttl_s > 0,
+                "storage.ack_ttl_s",
+                "must be > 0 seconds, or null for acks that never expire",
+            )
 
 
 @dataclass
@@ -467,6 +483,24 @@ class InferenceConfig:
             "Watcher: timeout of one /update_weights_from_disk call (the server loads the weights)."
         ),
     )
+    max_restarts: int = field(
+        default=3,
+        metadata=_help(
+            "Launched servers (local, sglang) are supervised: one that dies is restarted on its address "
+            "up to this many times, then dropped from routing with a ServerLostError in the log (the "
+            "rollout fails once no server is left). 0 = drop at the first death."
+        ),
+    )
+    supervise_interval_s: float = field(
+        default=0.5, metadata=_help("How often the supervisor checks that launched servers are alive.")
+    )
+    dead_server_timeout_s: float = field(
+        default=60.0,
+        metadata=_help(
+            "The rollout fails when no inference server has answered the watcher's checks for this long "
+            "(servers nobody restarts, e.g. backend=external)."
+        ),
+    )
     sglang: SGLangConfig = field(default_factory=SGLangConfig, metadata=_help("SGLang launcher."))
 
     def __post_init__(self) -> None:
@@ -486,6 +520,9 @@ class InferenceConfig:
         _check(self.initial_weight_version != "", "inference.initial_weight_version", "must not be empty")
         _check(self.startup_timeout_s > 0, "inference.startup_timeout_s", "must be > 0")
         _check(self.shutdown_timeout_s > 0, "inference.shutdown_timeout_s", "must be > 0")
+        _check(self.max_restarts >= 0, "inference.max_restarts", "must be >= 0 (0 = never restart)")
+        _check(self.supervise_interval_s > 0, "inference.supervise_interval_s", "must be > 0")
+        _check(self.dead_server_timeout_s > 0, "inference.dead_server_timeout_s", "must be > 0")
 
 
 @dataclass

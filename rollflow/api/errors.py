@@ -64,9 +64,29 @@ class RewardInfrastructureError(RollflowError):
     """
 
 
+class ServerLostError(ServerUnavailableError):
+    """A launched inference server died and was not brought back (restarts used up, or it would not start).
+
+    The server is dropped from routing and from weight updates; the message names its address, exit
+    code and log. Raised by the rollout loop only when no server is left.
+    """
+
+
 class RolloutFailureError(RollflowError):
     """The rollout loop stopped because too many episodes raised; quotes the first traceback."""
 
 
 class TrainerError(RollflowError):
     """The trainer cannot continue (no data within the timeout, inconsistent resume state, ...)."""
+
+
+class LoopFailedError(RollflowError):
+    """One of a run's long-lived loops (``rollout-loop``, ``train-loop``, ``eval-loop``) failed.
+
+    ``loop`` names it; the message says why (the loop's own error, chained as ``__cause__``) and what the
+    other loops did about it (the trainer stops after its step and writes a resume point).
+    """
+
+    def __init__(self, loop: str, message: str) -> None:
+        self.loop = loop
+        super().__init__(f"{loop} failed: {message}")

@@ -15,7 +15,9 @@ one server and keeps going until the request stops or reaches ``max_new_tokens``
 - **failures**: a connection failure (refused, reset, the server died mid-request) marks the server down
   and the segment goes to another server, resumed from prompt + the output received so far (a non-streamed
   reply that never arrived is lost and regenerated). 5xx, 408, 429 and timeouts are retried the same way;
-  every server is tried once per round, with ``max_retries`` more rounds after ``retry_backoff_s * 2**k``.
+  every server is tried once per round, with ``max_retries`` more rounds after ``retry_backoff_s * 2**k``;
+  while a server is being restarted by its supervisor (``pool.set_restarting``) failed rounds do not count,
+  so a request waits for the restart instead of failing.
   A 4xx raises ``InvalidRequestError`` at once; no server left raises ``ServerUnavailableError``.
 
 - **batches**: ``agenerate_many`` sends the first segment of several requests with one sampling setting (a
@@ -45,7 +47,12 @@ from typing import Any
 import aiohttp
 
 from rollflow.api.config import InferenceConfig
-from rollflow.api.errors import InferenceError, InvalidRequestError, ServerUnavailableError
+from rollflow.api.errors import (
+    InferenceError,
+    InvalidRequestError,
+    ServerLostError,
+    ServerUnavailableError,
+)
 from rollflow.api.inference import GenerateRequest, GenerateResult, SamplingParams
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.sglang_protocol import (
@@ -297,7 +304,8 @@ class SGLangClient:
         """
         rid = rids[0]  # routing key of the batch
         errors: list[str] = []
-        for round_ in range(self.max_retries + 1):
+        round_ = 0
+        while round_ <= self.max_retries:
             tried: set[str] = set()
             while True:
                 addr = (
@@ -330,9 +338,15 @@ class SGLangClient:
                 self.pool.mark_up(addr)
                 self.pool.remember(rid, addr)
                 return addr, outs, segment, len(errors)
+            if self.pool.restarting():  # its supervisor is bringing a server back: wait, not a round
+                await asyncio.sleep(min(1.0, self.retry_backoff_s))
+                continue
             if round_ < self.max_retries:
                 self.counters["retries"] += 1
                 await asyncio.sleep(self.retry_backoff_s * 2**round_)
+            round_ += 1
+        if not self.pool.live_addresses:
+            raise ServerLostError(f"rid {rid}: every inference server was dropped: {self.pool.dropped()}")
         raise ServerUnavailableError(
             f"rid {rid}: no server completed the request after {self.max_retries + 1} rounds over "
             f"{len(self.pool.addresses)} server(s); last errors: {errors[-3:]}"

@@ -5,7 +5,8 @@ What it is:
 - ``ServerPool``: rid affinity through a bounded LRU (one episode's turns reuse one server and its
   prefix), otherwise the server with the fewest requests in flight from this client; a server that
   failed at the connection level is marked down and only picked again after ``down_cooldown_s``, or when
-  no healthy one is left.
+  no healthy one is left. A server ``drop``ped (its supervisor gave up on it) is never picked again;
+  while one is ``restarting``, a request that found no server waits for it instead of failing.
 - ``control_call``: one blocking JSON call to an SGLang control route (``/pause_generation``,
   ``/update_weights_from_disk``, ...) with urllib, for code that is not on an event loop (the checkpoint
   watcher thread, ``SGLangClient.pause()``).
@@ -63,22 +64,29 @@ class ServerPool:
         self._inflight = dict.fromkeys(self.addresses, 0)
         self._down_until = dict.fromkeys(self.addresses, 0.0)
         self._affinity: OrderedDict[str, str] = OrderedDict()
+        self._dropped: dict[str, str] = {}  # address -> why it was dropped
+        self._restarting: set[str] = set()  # died; its supervisor is bringing it back
         self._tiebreak = itertools.count()
 
     def pick(self, rid: str | None = None, exclude: Collection[str] = ()) -> str | None:
         """The server for ``rid``: its remembered server if up, else the least loaded up server.
 
         Falls back to down servers (their cooldown may be stale) when every up server is excluded;
-        ``None`` when every server is excluded.
+        ``None`` when every server is excluded, dropped or being restarted.
         """
         with self._lock:
             now = self._clock()
             if rid is not None and rid in self._affinity:
                 addr = self._affinity[rid]
-                if addr not in exclude and self._down_until[addr] <= now:
+                gone = addr in self._dropped or addr in self._restarting
+                if addr not in exclude and not gone and self._down_until[addr] <= now:
                     self._affinity.move_to_end(rid)
                     return addr
-            candidates = [a for a in self.addresses if a not in exclude]
+            candidates = [
+                a
+                for a in self.addresses
+                if a not in exclude and a not in self._dropped and a not in self._restarting
+            ]
             up = [a for a in candidates if self._down_until[a] <= now]
             pool = up or candidates
             if not pool:
@@ -121,7 +129,38 @@ class ServerPool:
 
     def is_down(self, address: str) -> bool:
         with self._lock:
-            return self._down_until[address] > self._clock()
+            return address in self._dropped or self._down_until[address] > self._clock()
+
+    def drop(self, address: str, reason: str) -> None:
+        """Never route to ``address`` again (its supervisor gave up on it). Unknown addresses are ignored."""
+        with self._lock:
+            if address in self._inflight:
+                self._dropped[address] = reason
+                self._restarting.discard(address)
+
+    def set_restarting(self, address: str, restarting: bool) -> None:
+        """``address`` died and its supervisor is restarting it (True), or that is over (False)."""
+        with self._lock:
+            if restarting and address in self._inflight and address not in self._dropped:
+                self._restarting.add(address)
+            else:
+                self._restarting.discard(address)
+
+    def restarting(self) -> bool:
+        """Some server is being restarted: a request that found no server may wait for it."""
+        with self._lock:
+            return bool(self._restarting)
+
+    @property
+    def live_addresses(self) -> list[str]:
+        """The servers not dropped (down ones included: they may come back)."""
+        with self._lock:
+            return [a for a in self.addresses if a not in self._dropped]
+
+    def dropped(self) -> dict[str, str]:
+        """Dropped servers and why."""
+        with self._lock:
+            return dict(self._dropped)
 
 
 def control_call(

@@ -21,6 +21,16 @@ when (a) a trainer in this process moves LATEST (``store.subscribe()``: the embe
 and watcher are threads of one process, sees a publish at once), or (b) on a local root, a stat of
 LATEST every ``local_poll_interval_s`` shows that it was replaced (a sidecar or another process).
 
+Server health: every ``health_interval_s`` (default ``poll_interval_s``) the watcher asks each server
+which version it serves (``/get_model_info``, one GET). A server that does not answer is unreachable:
+it no longer holds the others back (``serving_version`` and ``on_update`` follow the servers that
+answer), and it is probed again on later polls. One that serves another version than the others (it
+was restarted and serves the initial weights again) is loaded with the served version at once. When no
+server has answered for ``dead_server_timeout_s``, ``on_fatal(message)`` is called once (the rollout
+loop then stops with that message). ``drop_server`` removes a server for good (its supervisor gave
+up) and retracts its ack; ``resync`` asks for a check at once (its supervisor restarted it). The served
+version is re-acked every ``ack_ttl_s / 4``, so a live server's ack never expires and a dead one's does.
+
 So generation stops only for the load itself (``pause_s``), never for the trainer's save or the verification.
 Records ``publish_to_serving_s`` (COMMIT.json's ``created_at`` -> all servers serve N) and ``pause_s`` in
 ``events`` and the metrics sink. A corrupt or missing checkpoint, or a server refusing the weights, is
@@ -33,7 +43,7 @@ Runs as a thread in the rollout process (``start()`` / ``stop()``) or as a sidec
 
     python -m rollflow.rollout.watcher --storage-root s3://bucket/runs --experiment E --trial T \\
         --servers 127.0.0.1:30000[,host:port...] [--cache-dir /ckpt-cache] [--poll-interval-s 1] \\
-        [--local-poll-interval-s 0.02] [--no-in-place]
+        [--local-poll-interval-s 0.02] [--no-in-place] [--ack-ttl-s 300]
     # API key from $ROLLFLOW_INFERENCE_API_KEY; S3 credentials from the AWS_* variables
 
 What it is not: no generation, no GC of storage (the trainer's ``CheckpointStore.gc`` uses the acks).
@@ -42,6 +52,7 @@ What it is not: no generation, no GC of storage (the trainer's ``CheckpointStore
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -59,7 +70,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from rollflow.api.config import InferenceConfig
-from rollflow.api.errors import InferenceError, WeightUpdateError
+from rollflow.api.errors import InferenceError, ServerUnavailableError, WeightUpdateError
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.sglang_protocol import (
     ROUTE_CONTINUE,
@@ -140,6 +151,10 @@ class CheckpointWatcher:
         request_timeout_s: float = 600.0,
         keep_cached: int = 2,
         max_backoff_s: float = 60.0,
+        ack_ttl_s: float | None = None,
+        health_interval_s: float | None = None,
+        dead_server_timeout_s: float = 60.0,
+        on_fatal: Callable[[str], None] | None = None,
     ) -> None:
         if not servers:
             raise ValueError("CheckpointWatcher needs at least one server address")
@@ -158,9 +173,21 @@ class CheckpointWatcher:
         self.request_timeout_s = request_timeout_s
         self.keep_cached = max(1, keep_cached)
         self.max_backoff_s = max_backoff_s
+        self.ack_ttl_s = ack_ttl_s  # the store's ack TTL: acks are refreshed every ack_ttl_s / 4
+        self.health_interval_s = poll_interval_s if health_interval_s is None else health_interval_s
+        self.dead_server_timeout_s = dead_server_timeout_s
+        self.on_fatal = on_fatal
         self.events: list[WatcherEvent] = []
         self._latest_problem: str | None = None  # last malformed-LATEST problem reported as an event
-        self.serving_version: int | None = None  # the version every server serves
+        self.serving_version: int | None = None  # the version every live, reachable server serves
+        self._sid = dict(zip(self.servers, self.server_ids, strict=True))
+        self._served: dict[str, int | None] = {}  # address -> version it serves, where known
+        self._unreachable: dict[str, float] = {}  # address -> monotonic time it was first unreachable
+        self._dropped: dict[str, str] = {}  # address -> why (its supervisor gave up on it)
+        self._acked_at: dict[str, float] = {}  # address -> monotonic time of its last serving ack
+        self._acked: dict[str, int] = {}  # address -> the version of its last serving ack
+        self._next_health_check = 0.0
+        self._fatal_reported = False
         self._failures: dict[int, tuple[int, float]] = {}  # version -> (attempts, retry not before)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -177,9 +204,11 @@ class CheckpointWatcher:
         cache_dir: str | Path,
         on_update: Callable[[int], None] | None = None,
         metrics: MetricsSink | None = None,
+        ack_ttl_s: float | None = None,
+        on_fatal: Callable[[str], None] | None = None,
     ) -> CheckpointWatcher:
-        """``poll_interval_s``, ``local_poll_interval_s``, ``api_key`` and ``weight_update_timeout_s`` from
-        the ``inference`` section."""
+        """``poll_interval_s``, ``local_poll_interval_s``, ``api_key``, ``weight_update_timeout_s`` and
+        ``dead_server_timeout_s`` from the ``inference`` section; ``ack_ttl_s`` is ``storage.ack_ttl_s``."""
         return cls(
             store,
             servers,
@@ -190,6 +219,9 @@ class CheckpointWatcher:
             on_update=on_update,
             metrics=metrics,
             request_timeout_s=cfg.weight_update_timeout_s,
+            ack_ttl_s=ack_ttl_s,
+            dead_server_timeout_s=cfg.dead_server_timeout_s,
+            on_fatal=on_fatal,
         )
 
     @property
@@ -201,9 +233,14 @@ class CheckpointWatcher:
 
     def poll_once(self) -> int | None:
         """Run one poll (steps 1-5 above); returns the version now served if this poll changed it."""
+        if not self._live():
+            return None
+        self._check_servers_if_due()
         try:
             hint = self.store.latest_version()
             if hint is not None and self.serving_version is not None and hint <= self.serving_version:
+                self._catch_up()  # nothing new: bring restarted / returning servers to serving_version
+                self._heartbeat()
                 return None  # LATEST only names committed versions and never moves back: nothing new
             ref = self.store.resolve_latest()
         except Exception as e:
@@ -214,48 +251,64 @@ class CheckpointWatcher:
             return None
         v = int(ref.version)
         if self.serving_version is not None and v <= self.serving_version:
+            self._catch_up()
+            self._heartbeat()
             return None
         attempts, not_before = self._failures.get(v, (0, 0.0))
         if time.monotonic() < not_before:
             return None
+        return self._load(v, ref, attempts)
 
+    def _load(self, v: int, ref: Any, attempts: int) -> int | None:
+        """Load ``v`` into every live server that does not serve it; ``v`` if they all do afterwards."""
+        targets = [a for a in self._live() if self._acked.get(a) != v or self._served.get(a) != v]
+        sids = [self._sid[a] for a in targets]
         t0 = time.perf_counter()
         try:
-            for sid in self.server_ids:  # before reading any file: GC keeps what is being loaded
+            for sid in sids:  # before reading any file: GC keeps what is being loaded
                 self.store.ack(v, sid, state="loading")
             if self.in_place:
                 local = self.store.verified_dir(v, self.cache_dir)
             else:
                 local = self.store.fetch(v, self.cache_dir)
         except Exception as e:  # CheckpointIntegrityError / CheckpointNotFoundError / storage errors
-            self._retract(v, self.server_ids)
+            self._retract(v, sids)
             self._fail(v, attempts, f"fetch failed: {type(e).__name__}: {e}")
             return None
         fetch_s = time.perf_counter() - t0
 
-        if len(self.servers) == 1:
-            results = [self._update_server(self.servers[0], local, v)]
+        if len(targets) <= 1:
+            results = [self._update_server(a, local, v) for a in targets]
         else:
-            with ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
-                results = list(pool.map(lambda a: self._update_server(a, local, v), self.servers))
-        for sid, (ok, _, _) in zip(self.server_ids, results, strict=True):
-            if not ok:
-                self._retract(v, [sid])
+            with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+                results = list(pool.map(lambda a: self._update_server(a, local, v), targets))
+        failed = []
+        for addr, (status, _, msg) in zip(targets, results, strict=True):
+            if status == "ok":
+                self._mark_reachable(addr)
+                self._served[addr] = v
+                self._ack(addr, v)
                 continue
-            try:
-                self.store.ack(v, sid)
-            except Exception as e:
-                logger.warning("ack of v%d for %s failed: %s", v, sid, e)
-        pause_s = max((p for ok, p, _ in results if ok), default=0.0)
-        failed = [f"{a}: {msg}" for a, (ok, _, msg) in zip(self.servers, results, strict=True) if not ok]
+            self._retract(v, [self._sid[addr]])
+            if status == "unreachable":  # dead or restarting: it must not hold the others back
+                self._mark_unreachable(addr, msg)
+            else:
+                failed.append(f"{addr}: {msg}")
+        pause_s = max((p for st, p, _ in results if st == "ok"), default=0.0)
         if failed:
             self._fail(v, attempts, "; ".join(failed))
             return None
+        reachable = [a for a in self._live() if a not in self._unreachable]
+        if not reachable:
+            self._fail(v, attempts, f"no inference server reachable: {self._unreachable_summary()}")
+            return None
+        if self.serving_version is not None and v <= self.serving_version:
+            return None  # a catch-up load (a restarted server back on the served version)
 
         created = getattr(ref, "created_at", None)
         latency = time.time() - float(created) if created else None
         self._failures.pop(v, None)
-        event = WatcherEvent("update", v, time.time(), latency, fetch_s, pause_s, list(self.servers))
+        event = WatcherEvent("update", v, time.time(), latency, fetch_s, pause_s, reachable)
         with self._lock:
             self.serving_version = v
             self.events.append(event)
@@ -265,7 +318,7 @@ class CheckpointWatcher:
         self.metrics.log(metrics, step=v)
         logger.info(
             "serving v%d on %d server(s): publish->serving %s, fetch %.3fs, pause %.3fs",
-            v, len(self.servers), f"{latency:.3f}s" if latency is not None else "n/a", fetch_s, pause_s,
+            v, len(reachable), f"{latency:.3f}s" if latency is not None else "n/a", fetch_s, pause_s,
         )  # fmt: skip
         self._prune_cache(v)
         if self.on_update is not None:
@@ -275,13 +328,14 @@ class CheckpointWatcher:
                 logger.exception("on_update(%d) raised", v)
         return v
 
-    def _update_server(self, addr: str, local: Path, v: int) -> tuple[bool, float, str]:
-        """Pause -> update -> continue one server; returns ``(ok, pause_s, error message)``."""
+    def _update_server(self, addr: str, local: Path, v: int) -> tuple[str, float, str]:
+        """Pause -> update -> continue one server; ``(status, pause_s, error)``, status "ok", "unreachable"
+        (it did not answer: dead or restarting) or "failed" (it refused)."""
         kw: dict[str, Any] = {"api_key": self.api_key, "timeout_s": 30.0}
         try:
             info = control_call(addr, ROUTE_MODEL_INFO, **kw)
             if isinstance(info, dict) and str(info.get("weight_version")) == str(v):
-                return True, 0.0, ""
+                return "ok", 0.0, ""
             t0 = time.perf_counter()
             control_call(addr, ROUTE_PAUSE, {"mode": "abort"}, **kw)
             try:
@@ -294,6 +348,8 @@ class CheckpointWatcher:
                         api_key=self.api_key,
                         timeout_s=self.request_timeout_s,
                     )
+                except ServerUnavailableError:
+                    raise
                 except InferenceError as e:
                     reply = getattr(e, "reply", None)
                     msg = reply.get("message") if isinstance(reply, dict) else str(e)
@@ -301,10 +357,142 @@ class CheckpointWatcher:
                 if not (isinstance(reply, dict) and reply.get("success")):
                     raise WeightUpdateError(f"update refused: {reply}")
             finally:
-                control_call(addr, ROUTE_CONTINUE, {}, **kw)
-            return True, time.perf_counter() - t0, ""
+                with contextlib.suppress(ServerUnavailableError):  # it died: the pause died with it
+                    control_call(addr, ROUTE_CONTINUE, {}, **kw)
+            return "ok", time.perf_counter() - t0, ""
+        except ServerUnavailableError as e:
+            return "unreachable", 0.0, str(e)
         except InferenceError as e:
-            return False, 0.0, str(e)
+            return "failed", 0.0, str(e)
+
+    # --- server health and acks --------------------------------------------------------------------------------
+
+    def _live(self) -> list[str]:
+        """Servers not dropped (unreachable ones included: they may come back)."""
+        return [a for a in self.servers if a not in self._dropped]
+
+    def _check_servers_if_due(self) -> None:
+        """Every ``health_interval_s``: ask each live server which version it serves (one GET each).
+
+        This is how the watcher sees a server that was restarted (it serves the initial weights again)
+        or that came back after being unreachable; ``_catch_up`` then loads the served version into it.
+        """
+        now = time.monotonic()
+        if now < self._next_health_check:
+            return
+        self._next_health_check = now + self.health_interval_s
+        live = self._live()
+        with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:
+            infos = list(pool.map(self._model_info, live))
+        for addr, info in zip(live, infos, strict=True):
+            if isinstance(info, str):
+                self._mark_unreachable(addr, info)
+                continue
+            self._mark_reachable(addr)
+            served = str(info.get("weight_version")) if isinstance(info, dict) else ""
+            self._served[addr] = int(served) if served.isdigit() else None
+        self._check_fatal()
+
+    def _model_info(self, addr: str) -> dict[str, Any] | str:
+        try:
+            info = control_call(addr, ROUTE_MODEL_INFO, api_key=self.api_key, timeout_s=5.0)
+        except InferenceError as e:
+            return str(e)
+        return info if isinstance(info, dict) else {}
+
+    def _catch_up(self) -> None:
+        """Load ``serving_version`` into live servers known to serve something else (restarted ones)."""
+        v = self.serving_version
+        if v is None:
+            return
+        behind = [a for a in self._live() if a not in self._unreachable and a in self._served]
+        if not any(self._served[a] != v for a in behind):
+            return
+        attempts, not_before = self._failures.get(v, (0, 0.0))
+        if time.monotonic() < not_before:
+            return
+        logger.warning(
+            "server(s) %s serve %s, not v%d (restarted?): loading v%d",
+            [a for a in behind if self._served[a] != v], [self._served[a] for a in behind if self._served[a] != v], v, v,
+        )  # fmt: skip
+        self._load(v, type("Ref", (), {"version": v, "created_at": None})(), attempts)
+
+    def _mark_unreachable(self, addr: str, message: str) -> None:
+        if addr not in self._unreachable:
+            self._unreachable[addr] = time.monotonic()
+            logger.error("inference server %s is unreachable: %s", addr, message)
+            self._served.pop(addr, None)
+
+    def _mark_reachable(self, addr: str) -> None:
+        if self._unreachable.pop(addr, None) is not None:
+            logger.warning("inference server %s answers again", addr)
+            self._fatal_reported = False
+
+    def _unreachable_summary(self) -> str:
+        now = time.monotonic()
+        return ", ".join(f"{a} (for {now - t:.0f}s)" for a, t in self._unreachable.items())
+
+    def _check_fatal(self) -> None:
+        """No live server answered for ``dead_server_timeout_s``: tell ``on_fatal`` once (the loop stops)."""
+        live = self._live()
+        if self._fatal_reported or self.on_fatal is None:
+            return
+        if live and any(a not in self._unreachable for a in live):
+            return
+        since = min(self._unreachable.values(), default=time.monotonic())
+        if live and time.monotonic() - since < self.dead_server_timeout_s:
+            return
+        self._fatal_reported = True
+        dropped = "; ".join(f"{a}: {r}" for a, r in self._dropped.items())
+        message = (
+            f"no inference server has answered for {self.dead_server_timeout_s:.0f}s: "
+            f"{self._unreachable_summary() or 'none left'}" + (f"; dropped: {dropped}" if dropped else "")
+        )
+        logger.error("%s", message)
+        try:
+            self.on_fatal(message)
+        except Exception:
+            logger.exception("on_fatal raised")
+
+    def _ack(self, addr: str, v: int) -> None:
+        try:
+            self.store.ack(v, self._sid[addr])
+            self._acked_at[addr] = time.monotonic()
+            self._acked[addr] = v
+        except Exception as e:
+            logger.warning("ack of v%d for %s failed: %s", v, self._sid[addr], e)
+
+    def _heartbeat(self) -> None:
+        """Re-ack the served version every ``ack_ttl_s / 4``, so a live server's ack never expires (a dead
+        server's does, and checkpoint GC goes on past it)."""
+        if self.ack_ttl_s is None:
+            return
+        now = time.monotonic()
+        for addr in self._live():
+            v = self._served.get(addr)
+            if v is None or addr in self._unreachable:
+                continue
+            if now - self._acked_at.get(addr, 0.0) >= self.ack_ttl_s / 4:
+                self._ack(addr, v)
+
+    def drop_server(self, address: str, reason: str) -> None:
+        """Stop updating ``address`` for good (its supervisor gave up on it) and retract its ack."""
+        if address not in self._sid or address in self._dropped:
+            return
+        self._dropped[address] = reason
+        v = self._served.pop(address, None)
+        self._unreachable.pop(address, None)
+        if v is not None:
+            self._retract(v, [self._sid[address]])
+        logger.error("watcher: dropped %s", address)
+        self._check_fatal()
+        self._wake.set()
+
+    def resync(self, address: str) -> None:
+        """``address`` was restarted: check what it serves and catch it up at the next poll (at once)."""
+        self._served.pop(address, None)
+        self._next_health_check = 0.0
+        self._wake.set()
 
     def _note_latest_problem(self, problem: str | None, ref: Any | None) -> None:
         """A malformed LATEST is an error event (once per distinct problem); the store already fell
@@ -445,6 +633,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--request-timeout-s", type=float, default=600.0, help="Timeout of one weight update.")
     p.add_argument(
+        "--ack-ttl-s",
+        type=float,
+        default=300.0,
+        help="The trial's storage.ack_ttl_s: acks are refreshed every ack_ttl_s / 4 (0 = never refresh).",
+    )
+    p.add_argument(
         "--storage-options", default="{}", help="JSON fsspec options, e.g. '{\"endpoint_url\": ...}'."
     )
     p.add_argument(
@@ -474,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
         api_key=os.environ.get(API_KEY_ENV) or None,
         server_ids=ids,
         request_timeout_s=ns.request_timeout_s,
+        ack_ttl_s=ns.ack_ttl_s or None,
     )
     logger.info("watching %s for %s", storage, ", ".join(servers))
     watcher.run(stop)

@@ -191,7 +191,7 @@ class Trainer:
             pad_id=int(pad_id),
             loss_max_tokens=tcfg.loss_agg_max_tokens or cfg.rollout.generation.max_new_tokens,
         )
-        self.store = CheckpointStore(self.storage)
+        self.store = CheckpointStore(self.storage, ack_ttl_s=cfg.storage.ack_ttl_s)
         # Token ids are checked against the policy's vocabulary at read time: a shard holding an id the
         # embedding cannot look up is quarantined, instead of crashing this step and every restart.
         vocab = int(self.model.get_input_embeddings().num_embeddings)

@@ -246,3 +246,17 @@ def test_failover_resumes_from_partial_output_when_a_server_dies(
     assert result.n_interruptions >= 2  # the pause and the failover
     assert len(result.output_ids) == 600 and result.output_ids == reference.output_ids
     check_logprobs(result, tiny_model_dir, inference_lib)
+
+
+def test_pool_skips_restarting_and_dropped_servers() -> None:
+    """Unit: a server being restarted is not picked until it is back; a dropped one never again."""
+    pool = ServerPool(["a:1", "b:2"])
+    pool.set_restarting("a:1", True)
+    assert pool.restarting() and {pool.pick(f"r{i}") for i in range(6)} == {"b:2"}
+    assert pool.pick("r", exclude=["b:2"]) is None  # no fallback to a server that is known dead
+    pool.set_restarting("a:1", False)
+    assert not pool.restarting() and pool.pick("r", exclude=["b:2"]) == "a:1"
+    pool.drop("b:2", "gave up")
+    assert pool.live_addresses == ["a:1"] and pool.dropped() == {"b:2": "gave up"} and pool.is_down("b:2")
+    pool.set_restarting("b:2", True)  # a dropped server is not restarting either
+    assert not pool.restarting() and pool.pick("r", exclude=["a:1"]) is None
