@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.metrics import MetricsSink
-from tasks.runtime import run_sync
+from tasks.runtime import interrupted, run_sync
 from tasks.tracking import PrefixSink
 
 
@@ -66,6 +66,7 @@ def rollout_loop(
         finally:
             await client.aclose()
 
+    done = None
     try:
         summary = run_sync(run())
         done = CheckpointStore(storage).is_done()
@@ -83,4 +84,6 @@ def rollout_loop(
     logger.info("rollout finished: %s", summary)
     out = dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)
     out["weight_updates"] = len(getattr(watcher, "events", []))
+    if done is None and stop_event.is_set():  # stopped from outside before the trainer finished
+        return interrupted(out, "rollout stopped before the trainer finished")
     return out
