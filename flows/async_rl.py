@@ -14,6 +14,7 @@ Run it:  python -m flows.async_rl --config configs/tiny_cpu.yaml train.steps=20
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import threading
 import time
@@ -25,11 +26,20 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from rollflow.api.config import ExperimentConfig
 from tasks.bootstrap import bootstrap_model
 from tasks.evaluate import eval_loop, evaluate_policy
+from tasks.lineage import run_lineage, run_lineage_tags
 from tasks.rollout import rollout_loop
-from tasks.runtime import configure_process_env, resolve_config
+from tasks.runtime import (
+    attach_core_loggers,
+    config_data,
+    configure_process_env,
+    is_interruption,
+    name_flow_run,
+    resolve_config,
+)
 from tasks.servers import start_servers, stop_servers
 from tasks.tracking import markdown_artifact, table_artifact
 from tasks.train import train_loop
+from tasks.trials import choose_trial, named_in_overrides
 
 DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
 
@@ -47,33 +57,45 @@ def _summary_markdown(summary: dict[str, Any]) -> str:
         f"| stale groups dropped | {summary['train'].get('dropped_stale', '?')} |",
         f"| wall time | {summary['wall_s']:.0f} s |",
         f"| storage | `{summary['storage_uri']}` |",
-        f"| MLflow run | {summary['mlflow_run_url']} |",
-        f"| registered model | {summary.get('registered_model') or '-'} |",
+        f"| MLflow run | [{summary['mlflow_run_id']}]({summary['mlflow_run_url']}) |",
+        f"| registered model | {summary.get('registered_model') or '-'} ({summary.get('registry_decision')}) |",
+        f"| started from | {summary.get('source_model_version') or 'base model'} |",
     ]
     return "\n".join(lines)
 
 
 def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str, Any]:
+    """Servers, then the three loops side by side; on any exit the loops stop and the servers go.
+
+    A loop that was interrupted (cancel, SIGTERM, a failure elsewhere) ends its task run Cancelled;
+    a failure is re-raised before a cancellation so the cause is what the flow run reports."""
     sink = tracker.sink if tracker else None
     model_path = bootstrap_model(cfg)
     servers = start_servers(cfg, model_path)
     stop = threading.Event()
+    futures: list[Any] = []
     try:
         before = evaluate_policy(cfg, servers.addresses, label="before", min_version=0, metrics=sink)
         train_f = train_loop.submit(cfg, metrics=sink, stop_event=stop, pause_addresses=servers.addresses)
         rollout_f = rollout_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop, fleet=servers)
         evals_f = eval_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop)
-        try:
-            train = train_f.result()
-        finally:
-            stop.set()
-        rollout = rollout_f.result()
+        futures = [rollout_f, train_f, evals_f]
+        train_f.wait()
+        stop.set()
+        for f in futures:
+            f.wait()
+        for f in futures:  # a real failure first, then a cancellation (CancelledRun)
+            if f.state.is_failed() or f.state.is_crashed():
+                f.result()
+        train, rollout = train_f.result(), rollout_f.result()
         evals_f.result()
         after = evaluate_policy(
             cfg, servers.addresses, label="after", min_version=int(train["final_version"]), metrics=sink
         )
     finally:
         stop.set()
+        for f in futures:  # let the loops record their final state before the process goes
+            f.wait(timeout=cfg.orchestration.stop_timeout_s)
         stop_servers(servers)
     return {"before": before, "after": after, "train": train, "rollout": rollout}
 
@@ -123,32 +145,55 @@ def _run_distributed(cfg: ExperimentConfig, config: str | None, overrides: list[
 
 @flow(
     name="async-rl",
-    flow_run_name="async-rl-{trial_name}",
     task_runner=ThreadPoolTaskRunner(max_workers=8),
     log_prints=True,
 )
 def async_rl(
     config: str | None = DEFAULT_CONFIG,
     overrides: list[str] | None = None,
-    trial_name: str = "from-config",
+    settings: ExperimentConfig | None = None,
+    trial: str | None = None,
+    resume: bool = False,
     retrain_from_registry: bool = False,
 ) -> dict[str, Any]:
     """Fully asynchronous GRPO/PPO: rollout and training concurrently, meeting only through storage.
 
     Args:
-        config: path of an experiment YAML (relative to the project dir).
-        overrides: dotted overrides, e.g. ["train.steps=20", "rollout.max_staleness=0"].
-        trial_name: trial name; "from-config" keeps the config's, "{date}" becomes today's date.
-        retrain_from_registry: start from the newest policy registered in MLflow (nightly retrain).
+        config: path of an experiment YAML (relative to the project dir); ignored when ``settings``
+            is given.
+        overrides: dotted overrides on top, e.g. ["train.steps=20", "rollout.max_staleness=0"].
+        settings: the typed experiment config (the Prefect UI renders it as a form).
+        trial: the trial to run; unset = a new trial named after the config's (every run is its
+            own trial). ``{date}`` becomes today's date. A trial that already holds data needs
+            ``resume``.
+        resume: continue the named trial. A finished trial is only reported: nothing is trained,
+            logged or registered again.
+        retrain_from_registry: start from the registered policy (the ``latest-rl`` alias) on a
+            fresh data draw (the nightly retrain).
     """
+    from storage.fs import Storage
+
     configure_process_env()
+    attach_core_loggers()
     logger = get_run_logger()
     overrides = list(overrides or [])
-    if trial_name != "from-config":
-        overrides.append(f"trial={trial_name.replace('{date}', time.strftime('%Y%m%d-%H%M'))}")
-    cfg = resolve_config(config, overrides)
-    if retrain_from_registry:
-        cfg = _from_registry(cfg, logger)
+    cfg = resolve_config(config, overrides, data=config_data(settings))
+    named = trial if trial is not None else (cfg.trial if named_in_overrides(overrides) else None)
+    plan = choose_trial(
+        cfg.trial,
+        named=named,
+        resume=resume,
+        open_storage=lambda t: Storage.open(cfg.storage.root, cfg.experiment, t, cfg.storage.options),
+    )
+    cfg = dataclasses.replace(cfg, trial=plan.trial)
+    configure_process_env(cfg)
+    name_flow_run(f"async-rl-{cfg.trial}")
+    logger.info("trial %s (%s%s)", cfg.trial, plan.state, ", resume" if plan.resume else "")
+    if plan.state == "finished":
+        return _report_finished(cfg, plan.done or {}, logger)
+    source_version = None
+    if retrain_from_registry and plan.state == "new":
+        cfg, source_version = _from_registry(cfg, logger)
     t0 = time.monotonic()
 
     tracker = None
@@ -156,16 +201,14 @@ def async_rl(
         from rollflow.tracking.mlflow_tracker import MlflowTracker
 
         tracker = MlflowTracker(cfg)
-        tracker.start(tags={"rollflow.mode": cfg.orchestration.mode})
-    from storage.fs import Storage
-
-    storage_uri = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options).root_uri
+        tracker.start(tags=run_lineage(cfg, source_version))
+    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
     status = "FAILED"
     try:
         if cfg.orchestration.mode == "distributed":
-            result = _run_distributed(cfg, config, overrides)
+            result = _run_distributed(cfg, config, [*overrides, f"trial={cfg.trial}"])
             status = "FINISHED"
-            return {"mode": "distributed", **result}
+            return {"mode": "distributed", "trial": cfg.trial, **result}
         parts = _run_embedded(cfg, tracker, logger)
         summary: dict[str, Any] = {
             "experiment": cfg.experiment,
@@ -175,25 +218,51 @@ def async_rl(
             "eval_accuracy_after": parts["after"]["accuracy"],
             "train": {k: v for k, v in parts["train"].items() if not isinstance(v, (list, dict))},
             "rollout": {k: v for k, v in parts["rollout"].items() if not isinstance(v, (list, dict))},
-            "storage_uri": storage_uri,
+            "storage_uri": storage.root_uri,
             "mlflow_run_id": tracker.run_id if tracker else None,
             "mlflow_run_url": tracker.run_url if tracker else "-",
+            "source_model_version": source_version,
             "wall_s": time.monotonic() - t0,
         }
         if tracker:
-            summary["registered_model"] = _finish_tracking(cfg, tracker, parts, summary)
+            summary.update(_finish_tracking(cfg, tracker, parts, summary))
         markdown_artifact(_summary_markdown(summary), key="async-rl-summary", description="Run summary")
         status = "FINISHED"
         return summary
+    except BaseException as exc:
+        status = "KILLED" if is_interruption(exc) else "FAILED"
+        raise
     finally:
         if tracker:
             tracker.finish(status)
 
 
+def _report_finished(cfg: ExperimentConfig, done: dict[str, Any], logger: Any) -> dict[str, Any]:
+    """A resume of a finished trial: report what is recorded; train, log and register nothing."""
+    run = None
+    if cfg.tracking.enabled:
+        from rollflow.tracking.mlflow_tracker import MlflowTracker
+
+        run = MlflowTracker(cfg).find_run()
+    logger.info(
+        "trial %s already finished at version %s; nothing to do", cfg.trial, done.get("final_version")
+    )
+    return {
+        "experiment": cfg.experiment,
+        "trial": cfg.trial,
+        "already_finished": True,
+        "final_version": int(done.get("final_version", done.get("version", 0))),
+        "mlflow_run_id": run.info.run_id if run else None,
+        "registered_model": (run.data.tags.get("rollflow.registry.version") if run else None),
+    }
+
+
 def _finish_tracking(
     cfg: ExperimentConfig, tracker: Any, parts: dict[str, Any], summary: dict[str, Any]
-) -> str | None:
+) -> dict[str, Any]:
+    """Log the run's artifacts, then register the policy if the gate says so; returns summary fields."""
     from rollflow.rollout.inspect import sample_trajectories
+    from rollflow.tracking.registry import Incumbent, decide_registration
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
 
@@ -206,53 +275,89 @@ def _finish_tracking(
     table_artifact(samples[:20], key="sample-trajectories", description="Decoded sample trajectories")
     tracker.log_curves_png()
     if not cfg.tracking.register_model:
-        return None
-    store = CheckpointStore(storage)
-    final = summary["final_version"]
-    local = store.fetch(final, f"{cfg.storage.local_cache}/{cfg.experiment}/{cfg.trial}")
-    registry_version = tracker.register_checkpoint(
-        local, version=final, extra_tags={"eval_accuracy": f"{summary['eval_accuracy_after']:.4f}"}
+        tracker.set_tags({"rollflow.registry.decision": "disabled"})
+        return {"registered_model": None, "registry_decision": "disabled"}
+    after = float(summary["eval_accuracy_after"])
+    incumbent = tracker.registry.incumbent()
+    if incumbent is not None and summary.get("source_model_version") == incumbent.version:
+        # the run started from the incumbent: its "before" score is the incumbent on this eval set
+        incumbent = Incumbent(incumbent.version, float(summary["eval_accuracy_before"]), incumbent.tags)
+    decision = decide_registration(
+        steps_trained=int(parts["train"].get("steps_run", 0)), eval_accuracy=after, incumbent=incumbent
     )
-    return f"{tracker.model_name} v{registry_version}"
+    tags = {
+        "rollflow.registry.decision": "registered" if decision.register else "skipped",
+        "rollflow.registry.reason": decision.reason,
+        "rollflow.registry.detail": decision.detail,
+    }
+    if incumbent is not None:
+        tags["rollflow.registry.incumbent_version"] = incumbent.version
+    registered = None
+    if decision.register:
+        final = summary["final_version"]
+        local = CheckpointStore(storage).fetch(
+            final, f"{cfg.storage.local_cache}/{cfg.experiment}/{cfg.trial}"
+        )
+        version_tags = {
+            "eval_accuracy": f"{after:.4f}",
+            "registry_reason": decision.reason,
+            **{k: v for k, v in run_lineage_tags(tracker).items()},
+        }
+        registry_version = tracker.register_checkpoint(local, version=final, extra_tags=version_tags)
+        tags["rollflow.registry.version"] = registry_version
+        registered = f"{tracker.model_name} v{registry_version}"
+    tracker.set_tags(tags)
+    get_run_logger().info("registry: %s (%s)", tags["rollflow.registry.decision"], decision.detail)
+    return {"registered_model": registered, "registry_decision": decision.reason}
 
 
-def _from_registry(cfg: ExperimentConfig, logger: Any) -> ExperimentConfig:
-    """Nightly retrain: start from the newest registered policy, on a fresh synthetic draw."""
-    import dataclasses
-
+def _from_registry(cfg: ExperimentConfig, logger: Any) -> tuple[ExperimentConfig, str]:
+    """Nightly retrain: start from the registered policy (alias ``latest-rl``), on a fresh synthetic draw."""
     from rollflow.tracking.mlflow_tracker import MlflowTracker, download_latest_registered
 
     tracker = MlflowTracker(cfg)
     local, tags = download_latest_registered(
         tracker.tracking_uri, tracker.model_name, f"{cfg.storage.local_cache}/registry/{cfg.trial}"
     )
-    logger.info("retraining from registered %s (tags %s) at %s", tracker.model_name, tags, local)
+    source = tags["registry_version"]
+    logger.info("retraining from registered %s v%s at %s", tracker.model_name, source, local)
     model = dataclasses.replace(cfg.model, path=str(local), bootstrap_tiny=False)
     dataset = cfg.dataset
     if dataset.kind == "synthetic":  # fresh data: a new draw of the synthetic task per retrain
         dataset = dataclasses.replace(
             dataset, synthetic=dataclasses.replace(dataset.synthetic, seed=int(time.strftime("%Y%m%d")))
         )
-    return dataclasses.replace(cfg, model=model, dataset=dataset)
+    return dataclasses.replace(cfg, model=model, dataset=dataset), source
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run the async-rl flow locally (Prefect ephemeral API).")
-    parser.add_argument("--config", default=DEFAULT_CONFIG)
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=20")
-    args = parser.parse_args(argv)
-    summary = async_rl(config=args.config, overrides=args.overrides)
+def print_summary(summary: dict[str, Any]) -> None:
+    if summary.get("already_finished"):
+        print(
+            f"trial {summary['trial']} had already finished at version {summary['final_version']}; nothing done"
+        )
+        return
     print()
+    print(f"trial {summary['trial']}")
     print(f"eval_accuracy_before {summary['eval_accuracy_before']:.3f}")
     print(f"eval_accuracy_after {summary['eval_accuracy_after']:.3f}")
     print(f"final_version {summary['final_version']}  wall_s {summary['wall_s']:.0f}")
+    print(f"registered: {summary.get('registered_model') or '-'} ({summary.get('registry_decision')})")
     print(f"storage: {summary['storage_uri']}")
     print(f"MLflow:  {summary['mlflow_run_url']}")
-    print("  UI:    .venv/bin/mlflow ui --backend-store-uri sqlite:///runs/mlflow/mlflow.db --port 5000")
-    print("Prefect: .venv/bin/prefect server start  (then open http://127.0.0.1:4200 to browse flow runs)")
-    print(
-        f"Trajectories: .venv/bin/python -m rollflow.rollout.inspect --config {args.config} trial={summary['trial']}"
-    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the async-rl flow locally (a private Prefect API).")
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
+    parser.add_argument("--trial", default=None, help="trial name (default: a new one)")
+    parser.add_argument("--resume", action="store_true", help="continue the named trial")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=20")
+    args = parser.parse_args(argv)
+    from flows.local_api import local_prefect_api
+
+    with local_prefect_api():
+        summary = async_rl(config=args.config, overrides=args.overrides, trial=args.trial, resume=args.resume)
+    print_summary(summary)
     return 0
 
 

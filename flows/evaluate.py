@@ -15,17 +15,25 @@ from typing import Any
 
 from prefect import flow
 
+from rollflow.api.config import ExperimentConfig
 from tasks.evaluate import evaluate_policy
-from tasks.runtime import configure_process_env, resolve_config
+from tasks.runtime import (
+    attach_core_loggers,
+    config_data,
+    configure_process_env,
+    name_flow_run,
+    resolve_config,
+)
 from tasks.servers import start_servers, stop_servers
 
 
-@flow(name="evaluate", flow_run_name="evaluate-v{version}", log_prints=True)
+@flow(name="evaluate", log_prints=True)
 def evaluate(
     config: str | None = "configs/tiny_cpu.yaml",
     overrides: list[str] | None = None,
     version: int = -1,
     split: str | None = None,
+    settings: ExperimentConfig | None = None,
 ) -> dict[str, Any]:
     """Score checkpoint ``version`` (-1 = latest committed) on ``split`` (default: dataset.eval_split)."""
     from storage.checkpoints import CheckpointStore
@@ -33,7 +41,9 @@ def evaluate(
     from storage.fs import Storage
 
     configure_process_env()
-    cfg = resolve_config(config, overrides or [])
+    attach_core_loggers()
+    cfg = resolve_config(config, overrides or [], data=config_data(settings))
+    configure_process_env(cfg)
     store = CheckpointStore(Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options))
     if version < 0:
         latest = store.resolve_latest()
@@ -42,6 +52,7 @@ def evaluate(
                 f"no committed checkpoint under {store.storage.root_uri}; train first"
             )
         version = latest.version
+    name_flow_run(f"evaluate-{cfg.trial}-v{version}")
     local = store.fetch(version, Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial)
     eval_cfg = dataclasses.replace(
         cfg,

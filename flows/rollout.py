@@ -13,19 +13,35 @@ from typing import Any
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from rollflow.api.config import ExperimentConfig
 from tasks.bootstrap import bootstrap_model
 from tasks.rollout import rollout_loop
-from tasks.runtime import configure_process_env, resolve_config
+from tasks.runtime import (
+    attach_core_loggers,
+    config_data,
+    configure_process_env,
+    name_flow_run,
+    resolve_config,
+)
 from tasks.servers import start_servers, stop_servers
 
 
 @flow(name="rollout", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
 def rollout(
-    config: str | None = "configs/tiny_cpu.yaml", overrides: list[str] | None = None
+    config: str | None = "configs/tiny_cpu.yaml",
+    overrides: list[str] | None = None,
+    settings: ExperimentConfig | None = None,
+    worker: int = 0,
 ) -> dict[str, Any]:
-    """Generate and commit trajectory shards until the trainer is done."""
+    """Generate and commit trajectory shards until the trainer is done.
+
+    ``settings`` (the typed config, a form in the UI) replaces the YAML ``config`` when given;
+    ``worker`` numbers this rollout worker among several (run name ``rollout-{trial}-w{worker}``)."""
     configure_process_env()
-    cfg = resolve_config(config, overrides or [])
+    attach_core_loggers()
+    cfg = resolve_config(config, overrides or [], data=config_data(settings))
+    configure_process_env(cfg)
+    name_flow_run(f"rollout-{cfg.trial}-w{worker}")
     model_path = bootstrap_model(cfg)
     servers = start_servers(cfg, model_path)
     try:

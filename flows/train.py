@@ -15,9 +15,16 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.gpu_plan import torchrun_command
 from rollflow.api.config import ExperimentConfig
 from tasks.bootstrap import bootstrap_model
-from tasks.runtime import configure_process_env, resolve_config
+from tasks.runtime import (
+    attach_core_loggers,
+    config_data,
+    configure_process_env,
+    name_flow_run,
+    resolve_config,
+)
 from tasks.train import train_loop
 
 
@@ -27,14 +34,7 @@ def train_torchrun(cfg: ExperimentConfig, config: str | None, overrides: list[st
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
 
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc_per_node={cfg.train.nproc_per_node}",
-        "-m", "rollflow.training.run",
-    ]  # fmt: skip
-    if config:
-        cmd += ["--config", config]
-    cmd += overrides
+    cmd = torchrun_command(cfg, config, overrides)
     get_run_logger().info("launching: %s", " ".join(cmd))
     subprocess.run(cmd, check=True)
     done = CheckpointStore(
@@ -44,11 +44,20 @@ def train_torchrun(cfg: ExperimentConfig, config: str | None, overrides: list[st
 
 
 @flow(name="train", log_prints=True)
-def train(config: str | None = "configs/tiny_cpu.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
-    """Train on committed trajectories until train.steps, publishing checkpoints as it goes."""
+def train(
+    config: str | None = "configs/tiny_cpu.yaml",
+    overrides: list[str] | None = None,
+    settings: ExperimentConfig | None = None,
+) -> dict[str, Any]:
+    """Train on committed trajectories until train.steps, publishing checkpoints as it goes.
+
+    ``settings`` (the typed config, a form in the UI) replaces the YAML ``config`` when given."""
     configure_process_env()
+    attach_core_loggers()
     overrides = list(overrides or [])
-    cfg = resolve_config(config, overrides)
+    cfg = resolve_config(config, overrides, data=config_data(settings))
+    configure_process_env(cfg)
+    name_flow_run(f"train-{cfg.trial}")
     bootstrap_model(cfg)
     if cfg.train.distributed != "none" and cfg.train.nproc_per_node > 1:
         return train_torchrun(cfg, config, overrides)

@@ -20,7 +20,7 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import InferenceError
 from rollflow.api.metrics import MetricsSink
 from rollflow.evaluation import EvalResult, arun_eval, served_version, wait_for_served_version
-from tasks.runtime import run_sync
+from tasks.runtime import interrupted, run_sync
 from tasks.tracking import PrefixSink, table_artifact
 
 
@@ -95,4 +95,10 @@ def eval_loop(
         get_run_logger().info("eval at v%d: accuracy %.3f", result.version, result.accuracy)
         done.append({"version": result.version, "accuracy": result.accuracy})
         next_version = (served // every + 1) * every
+    from storage.checkpoints import CheckpointStore
+    from storage.fs import Storage
+
+    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    if CheckpointStore(storage).is_done() is None:  # stopped before training finished
+        return interrupted(done, "evaluation loop stopped before the trainer finished")
     return done

@@ -24,7 +24,7 @@ from prefect.cache_policies import NO_CACHE
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import ServerLostError
 from rollflow.api.metrics import MetricsSink
-from tasks.runtime import run_sync
+from tasks.runtime import interrupted, run_sync
 from tasks.tracking import PrefixSink
 
 
@@ -109,6 +109,7 @@ def rollout_loop(
         finally:
             await client.aclose()
 
+    done = None
     try:
         summary = run_sync(run())
         done = CheckpointStore(storage).is_done()
@@ -133,4 +134,6 @@ def rollout_loop(
     if supervisor is not None:
         out["server_restarts"] = sum(supervisor.restarts.values())
         out["servers_lost"] = len(supervisor.lost)
+    if done is None and stop_event.is_set():  # stopped from outside before the trainer finished
+        return interrupted(out, "rollout stopped before the trainer finished")
     return out

@@ -1,7 +1,14 @@
-"""Process-level setup shared by every flow: offline/telemetry env defaults and the resolved config.
+"""Process-level setup shared by every flow: env defaults, the resolved config, run names and logs.
 
-What it is: ``configure_process_env`` (setdefault of the variables docs/operations.md lists) and
-``resolve_config`` (YAML + overrides -> ExperimentConfig, with the resolved YAML logged).
+What it is:
+- ``configure_process_env``: telemetry off (always) and, only for a config that needs no hub (the
+  embedded default: a bootstrapped or local model and a non-hub dataset), ``HF_HUB_OFFLINE`` and
+  ``TRANSFORMERS_OFFLINE``; each is a ``setdefault``, so the user's environment wins.
+- ``resolve_config``: the typed config (a form in the Prefect UI) or a YAML path, plus dotted
+  overrides, validated into an ``ExperimentConfig`` and logged (secrets redacted).
+- ``name_flow_run``: renames the current flow run (``async-rl-{trial}``) once the trial is known.
+- ``attach_core_loggers``: sends the core's loggers (``rollflow``, ``storage``, ``infra``) to the
+  Prefect run logs, without ``PREFECT_LOGGING_EXTRA_LOGGERS``.
 What it is not: anything that touches storage or servers.
 """
 
@@ -9,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -21,30 +29,143 @@ from rollflow.api.config_loader import load_config, to_yaml
 
 T = TypeVar("T")
 
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
+TELEMETRY_ENV = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "TOKENIZERS_PARALLELISM": "false",
 }
+HUB_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+CORE_LOGGERS = ("rollflow", "storage", "infra")
 
 
-def configure_process_env() -> None:
-    """Set telemetry-free, hub-offline defaults unless the user chose otherwise."""
-    for key, value in OFFLINE_ENV.items():
+def needs_hub(cfg: ExperimentConfig) -> bool:
+    """True when the config names a model or dataset that only a hub can provide."""
+    from pathlib import Path
+
+    model_on_hub = not cfg.model.bootstrap_tiny and not Path(cfg.model.path).exists()
+    return model_on_hub or cfg.dataset.kind == "hub"
+
+
+def process_env_defaults(cfg: ExperimentConfig | None) -> dict[str, str]:
+    """The defaults ``configure_process_env`` applies for ``cfg`` (None: telemetry only)."""
+    env = dict(TELEMETRY_ENV)
+    if cfg is not None and not needs_hub(cfg):
+        env.update(HUB_OFFLINE_ENV)
+    return env
+
+
+def configure_process_env(cfg: ExperimentConfig | None = None) -> None:
+    """Set the defaults of ``process_env_defaults`` unless the user chose otherwise."""
+    for key, value in process_env_defaults(cfg).items():
         os.environ.setdefault(key, value)
+
+
+def config_data(settings: ExperimentConfig | dict[str, Any] | None) -> dict[str, Any] | None:
+    """The typed config parameter as a plain tree for ``load_config(data=...)``."""
+    if settings is None:
+        return None
+    if isinstance(settings, dict):
+        return settings
+    from rollflow.api.config_loader import to_dict
+
+    return to_dict(settings)
 
 
 @task(name="resolve-config", cache_policy=NO_CACHE, persist_result=False)
 def resolve_config(
     config: str | None, overrides: list[str] | None = None, data: dict[str, Any] | None = None
 ) -> ExperimentConfig:
-    cfg = load_config(config, overrides or [], data=data)
+    """``data`` (the typed config) replaces the YAML file when given; overrides go on top."""
+    cfg = load_config(None if data is not None else config, overrides or [], data=data)
     get_run_logger().info("resolved config (secrets redacted):\n%s", to_yaml(cfg))
     return cfg
+
+
+def name_flow_run(name: str) -> None:
+    """Rename the current flow run (no-op outside one)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, name=name)
+
+
+def flow_run_lineage() -> dict[str, str]:
+    """Tags that link an MLflow run to the current Prefect flow run (id, name, UI link)."""
+    from prefect.runtime import deployment, flow_run
+    from prefect.settings import PREFECT_UI_URL
+
+    if not flow_run.id:
+        return {}
+    tags = {"prefect.flow_run_id": str(flow_run.id)}
+    if PREFECT_UI_URL.value():  # unset with the ephemeral API: there is no UI to link to
+        tags["prefect.flow_run_url"] = str(flow_run.ui_url)
+    if deployment.id:
+        tags["prefect.deployment"] = f"{flow_run.flow_name}/{deployment.name}"
+    return tags
+
+
+def is_interruption(exc: BaseException) -> bool:
+    """True for a cancel, SIGTERM or Ctrl-C (MLflow: KILLED), False for a failure (FAILED)."""
+    from prefect.exceptions import CancelledRun, PrefectSignal, TerminationSignal
+
+    return isinstance(
+        exc,
+        (
+            KeyboardInterrupt,
+            SystemExit,
+            asyncio.CancelledError,
+            TerminationSignal,
+            PrefectSignal,
+            CancelledRun,
+        ),
+    )
+
+
+def interrupted(data: Any, message: str) -> Any:
+    """The final state of a loop task that was stopped before its work was done: Cancelled (with
+    its partial summary as data), so the UI does not show an interrupted loop as Completed."""
+    from prefect.states import Cancelled
+
+    return Cancelled(message=message, data=data)
+
+
+class _RunLogHandler(logging.Handler):
+    """Forward to Prefect's handlers with the flow run id stamped on, so lines from the core's
+    background threads (checkpoint publisher, weight watcher) reach the run's logs too."""
+
+    def __init__(self, targets: list[logging.Handler], flow_run_id: str) -> None:
+        super().__init__()
+        self.targets = targets
+        self.flow_run_id = flow_run_id
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "flow_run_id", None) is None:
+            record.flow_run_id = self.flow_run_id
+        for target in self.targets:
+            if record.levelno >= target.level:
+                target.handle(record)
+
+
+def attach_core_loggers(level: int = logging.INFO) -> None:
+    """Send the core's loggers to this flow run's Prefect logs (what PREFECT_LOGGING_EXTRA_LOGGERS
+    does, plus the run id for lines logged outside the flow's context); call once per flow run."""
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return
+    handler = _RunLogHandler(list(logging.getLogger("prefect.extra").handlers), str(flow_run.id))
+    for name in CORE_LOGGERS:
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if isinstance(h, _RunLogHandler)]:
+            logger.removeHandler(old)  # a previous flow run in this process
+        logger.addHandler(handler)
+        if logger.level == logging.NOTSET or logger.level > level:
+            logger.setLevel(level)
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:

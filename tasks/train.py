@@ -15,6 +15,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.metrics import MetricsSink
+from tasks.runtime import interrupted
 from tasks.tracking import PrefixSink, ProgressSink
 
 
@@ -56,5 +57,9 @@ def train_loop(
         summary = trainer.run()
     finally:
         stop_event.set()  # whatever happened, the other loops must not wait for more versions
+    out = dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)
+    if out.get("stopped") and not out.get("done"):
+        logger.warning("training interrupted at version %s", out.get("final_version"))
+        return interrupted(out, f"training stopped at version {out.get('final_version')} before train.steps")
     logger.info("training finished: %s", summary)
-    return dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)
+    return out

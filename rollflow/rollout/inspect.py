@@ -8,6 +8,11 @@ What it is: ``read_trajectories(storage, tokenizer=..., limit=...)`` returns one
         [--tokenizer runs/models/tiny] [--limit 20] [--oldest] [--storage-option endpoint_url=http://...]
 
 With ``--config`` the store, experiment, trial and tokenizer (``model.path``) come from the config.
+Filters: ``--min-reward`` / ``--max-reward``, ``--version V`` or ``--version LO:HI`` (the row's first
+policy version, ``head_version``) and ``--prompt TEXT`` (a substring of the decoded prompt). Rows are
+read newest commit first and reading stops once ``limit`` rows match; the version filter also skips
+commit partitions that cannot match, and a tokenizer directory with ``tokenizer.json`` is read with
+the ``tokenizers`` library alone (no transformers/torch import), so a call takes about a second.
 
 The prompt is the row's tokens before its first loss token; the completion is everything after it
 (for multi-turn rows that includes the feedback turns, which were not trained on). Without a tokenizer
@@ -23,6 +28,8 @@ import logging
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -35,12 +42,59 @@ from storage.shard_reader import ShardReader
 logger = logging.getLogger(__name__)
 
 
+class _FastDecoder:
+    """``decode`` through the ``tokenizers`` library only (importing transformers costs seconds)."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(path))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
 def _load_tokenizer(tokenizer: Any) -> Any:
-    if isinstance(tokenizer, str):
+    if isinstance(tokenizer, (str, Path)):
+        fast = Path(tokenizer) / "tokenizer.json"
+        if fast.is_file():
+            return _FastDecoder(fast)
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(tokenizer)
     return tokenizer
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """Which rows to keep; every condition left as None passes."""
+
+    min_reward: float | None = None
+    max_reward: float | None = None
+    min_version: int | None = None  # on head_version
+    max_version: int | None = None
+    prompt: str | None = None  # substring of the decoded prompt
+
+    def keep(self, view: dict[str, Any]) -> bool:
+        r, v = view["reward"], view["head_version"]
+        return (
+            (self.min_reward is None or r >= self.min_reward)
+            and (self.max_reward is None or r <= self.max_reward)
+            and (self.min_version is None or v >= self.min_version)
+            and (self.max_version is None or v <= self.max_version)
+            and (self.prompt is None or self.prompt in view["prompt"])
+        )
+
+
+def parse_versions(text: str) -> tuple[int | None, int | None]:
+    """``"7"`` -> (7, 7); ``"5:9"`` -> (5, 9); ``":9"`` / ``"5:"`` leave a side open."""
+    lo, sep, hi = text.partition(":")
+    try:
+        if not sep:
+            return int(lo), int(lo)
+        return (int(lo) if lo else None), (int(hi) if hi else None)
+    except ValueError as exc:
+        raise ValueError(f"--version {text!r}: write V, LO:HI, LO: or :HI with integers") from exc
 
 
 def _text(ids: Sequence[int], tokenizer: Any) -> str:
@@ -73,11 +127,19 @@ def row_view(row: TrajectoryRow, tokenizer: Any = None) -> dict[str, Any]:
 
 
 def read_trajectories(
-    storage: Storage, *, tokenizer: Any = None, limit: int | None = 20, newest_first: bool = True
+    storage: Storage,
+    *,
+    tokenizer: Any = None,
+    limit: int | None = 20,
+    newest_first: bool = True,
+    where: RowFilter | None = None,
 ) -> list[dict[str, Any]]:
-    """Up to ``limit`` committed rows (newest commits first by default) as dicts (see ``row_view``)."""
+    """Up to ``limit`` committed rows that pass ``where`` (newest commits first by default) as dicts
+    (see ``row_view``)."""
     tokenizer = _load_tokenizer(tokenizer)
-    records = ShardReader(storage).list_commits(include_consumed=True)  # oldest first
+    where = where or RowFilter()
+    # a commit's partition is its smallest head version, so partitions above max_version hold no match
+    records = ShardReader(storage).list_commits(max_version=where.max_version, include_consumed=True)
     if newest_first:
         records = records[::-1]
     out: list[dict[str, Any]] = []
@@ -89,7 +151,9 @@ def read_trajectories(
         for row in rows[::-1] if newest_first else rows:
             if limit is not None and len(out) >= limit:
                 break
-            out.append(row_view(row, tokenizer))
+            view = row_view(row, tokenizer)
+            if where.keep(view):
+                out.append(view)
     return out
 
 
@@ -117,8 +181,8 @@ def format_table(rows: Sequence[dict[str, Any]], *, width: int = 48) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rollflow.rollout.inspect", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m rollflow.rollout.inspect") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--config", default=None, help="experiment YAML: store, experiment, trial and tokenizer")
     p.add_argument("overrides", nargs="*", help="dotted config overrides (with --config), e.g. trial=t1")
     p.add_argument("--storage-root", default=None, help="local path, file://... or s3://bucket/prefix")
@@ -128,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=20, help="rows to show (0 = all)")
     p.add_argument("--oldest", action="store_true", help="oldest commits first (default: newest)")
     p.add_argument("--width", type=int, default=48, help="width of the prompt and completion columns")
+    p.add_argument("--min-reward", type=float, default=None, help="keep rows with reward >= this")
+    p.add_argument("--max-reward", type=float, default=None, help="keep rows with reward <= this")
+    p.add_argument("--version", default=None, help="head policy version: V, LO:HI, LO: or :HI")
+    p.add_argument("--prompt", default=None, help="keep rows whose decoded prompt contains this text")
     p.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",
         help="fsspec option, e.g. endpoint_url=http://127.0.0.1:9000 (credentials: AWS_* variables)",
@@ -154,8 +222,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--storage-option {item!r}: write it as KEY=VALUE")
         options[key] = value
     storage = Storage.open(args.storage_root, args.experiment, args.trial, options)
+    try:
+        lo, hi = parse_versions(args.version) if args.version else (None, None)
+    except ValueError as exc:
+        p.error(str(exc))
+    where = RowFilter(args.min_reward, args.max_reward, lo, hi, args.prompt)
     rows = read_trajectories(
-        storage, tokenizer=args.tokenizer, limit=args.limit or None, newest_first=not args.oldest
+        storage, tokenizer=args.tokenizer, limit=args.limit or None, newest_first=not args.oldest, where=where
     )
     if not rows:
         sys.stdout.write("no committed trajectories\n")

@@ -2,18 +2,21 @@
 
 What it is: ``MlflowTracker`` wraps ``MlflowClient`` for the life of a trial. It logs the flattened,
 secret-free config as params, hands out a thread-safe ``MetricsSink`` the loops report through,
-logs the resolved config / curve PNG / sample trajectories, registers the final checkpoint as a
-Hugging Face directory (loadable with ``from_pretrained`` after ``download_artifacts``), and finds the
-newest registered checkpoint for a retrain.
+logs the resolved config / curve PNG / sample trajectories as plain JSON and PNG artifacts, and logs the
+final checkpoint as a transformers-flavour MLflow model (the registry gate and format: ``registry.py``).
+The experiment is tagged as model training (``mlflow.experimentKind``), and no table is logged through
+``log_table``, so MLflow's UI never files the runs under its GenAI evaluation views.
 What it is not: the source of any metric. It never imports prefect; Prefect artifacts live in tasks/.
 
 Tracking URI: ``cfg.tracking.mlflow_tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else a SQLite file
-``runs/mlflow/mlflow.db`` with artifacts in ``runs/mlflow/artifacts`` (see docs/operations.md).
+``runs/mlflow/mlflow.db``. With any SQLite URI, artifacts go to ``artifacts/`` beside the database
+file (never under the current directory). Run links point at the MLflow UI: the server itself for an
+``http`` store, else ``$ROLLFLOW_MLFLOW_UI_URL`` (default ``http://127.0.0.1:5000``, where
+``mlflow ui --backend-store-uri <uri>`` serves it).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import math
@@ -27,25 +30,45 @@ from typing import Any
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.config_loader import flat_params, to_yaml
+from rollflow.tracking.registry import Registry, log_transformers_model
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DIR = Path("runs/mlflow")
 _PARAM_BATCH = 100  # MLflow's limit of params per log_batch call
 _METRIC_BATCH = 1000
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"  # not "genai_development": these are training runs
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (``sqlite:////abs`` is absolute), else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///") :].split("?", 1)[0]).resolve()
 
 
 def resolve_tracking_uri(cfg: ExperimentConfig, base_dir: Path = DEFAULT_DIR) -> tuple[str, str | None]:
-    """Return (tracking_uri, artifact_location or None when the server decides)."""
+    """Return (tracking_uri, artifact_location or None when the store decides).
+
+    A SQLite store keeps its artifacts in ``artifacts/`` beside the database file."""
     uri = cfg.tracking.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        artifact = None
-        if uri.startswith("sqlite:") or uri.startswith("file:"):
-            artifact = (base_dir.resolve() / "artifacts").as_uri()
-        return uri, artifact
-    base = base_dir.resolve()
-    base.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{base / 'mlflow.db'}", (base / "artifacts").as_uri()
+    if not uri:
+        base = base_dir.resolve()
+        base.mkdir(parents=True, exist_ok=True)
+        uri = f"sqlite:///{base / 'mlflow.db'}"
+    db = sqlite_path(uri)
+    if db is None:
+        return uri, None  # a server or a file store chooses its own artifact root
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return uri, (db.parent / "artifacts").as_uri()
+
+
+def ui_base_url(tracking_uri: str) -> str:
+    """Where a human opens the MLflow UI for this store."""
+    if tracking_uri.startswith("http"):
+        return tracking_uri.rstrip("/")
+    return os.environ.get("ROLLFLOW_MLFLOW_UI_URL", "http://127.0.0.1:5000").rstrip("/")
 
 
 class MlflowSink:
@@ -96,20 +119,34 @@ class MlflowTracker:
     def _experiment_id(self) -> str:
         exp = self.client.get_experiment_by_name(self.experiment_name)
         if exp is not None:
+            if exp.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:
+                self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
             return exp.experiment_id
-        return self.client.create_experiment(self.experiment_name, artifact_location=self._artifact_location)
+        return self.client.create_experiment(
+            self.experiment_name,
+            artifact_location=self._artifact_location,
+            tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING},
+        )
+
+    def find_run(self) -> Any | None:
+        """The trial's existing run (read only), or None."""
+        exp = self.client.get_experiment_by_name(self.experiment_name)
+        if exp is None:
+            return None
+        runs = self.client.search_runs(
+            [exp.experiment_id], filter_string=f"tags.`rollflow.trial` = '{self.cfg.trial}'", max_results=1
+        )
+        return runs[0] if runs else None
 
     def start(self, *, tags: dict[str, str] | None = None) -> str:
         """Start (or resume, for the same trial) the trial's run and log the config as params."""
         exp_id = self._experiment_id()
-        existing = self.client.search_runs(
-            [exp_id],
-            filter_string=f"tags.`rollflow.trial` = '{self.cfg.trial}'",
-            max_results=1,
-        )
+        existing = self.find_run()
         if existing:
-            self.run_id = existing[0].info.run_id
+            self.run_id = existing.info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
+            if tags:
+                self.set_tags(tags)
         else:
             all_tags = {"rollflow.trial": self.cfg.trial, "rollflow.experiment": self.cfg.experiment}
             all_tags.update(tags or {})
@@ -128,16 +165,15 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, params=params[i : i + _PARAM_BATCH])
 
     def finish(self, status: str = "FINISHED") -> None:
+        """End the run: FINISHED, FAILED, or KILLED for a cancelled or interrupted run."""
         if self.run_id is not None:
             self.client.set_terminated(self.run_id, status=status)
 
     @property
     def run_url(self) -> str:
-        """A link to the run for humans (UI URL for http stores, the URI otherwise)."""
+        """An http link to the run in the MLflow UI (see the module docstring for non-http stores)."""
         exp_id = self._experiment_id()
-        if self.tracking_uri.startswith("http"):
-            return f"{self.tracking_uri.rstrip('/')}/#/experiments/{exp_id}/runs/{self.run_id}"
-        return f"{self.tracking_uri} (run {self.run_id}; browse with `mlflow ui --backend-store-uri {self.tracking_uri}`)"
+        return f"{ui_base_url(self.tracking_uri)}/#/experiments/{exp_id}/runs/{self.run_id}"
 
     # -- artifacts ---------------------------------------------------------------------------
     def set_tags(self, tags: dict[str, Any]) -> None:
@@ -148,23 +184,28 @@ class MlflowTracker:
         self.client.log_dict(self.run_id, obj, artifact_file)
 
     def log_table(self, rows: Sequence[dict[str, Any]], artifact_file: str) -> None:
+        """Rows as a JSON artifact ``{"columns": [...], "data": [[...], ...]}``.
+
+        Plain ``log_dict``, not ``MlflowClient.log_table``: the latter tags the run as holding evaluation
+        tables, and MLflow's UI then lists it among GenAI evaluation runs."""
         if not rows:
             return
-        columns = {k: [r.get(k) for r in rows] for k in rows[0]}
-        self.client.log_table(self.run_id, data=columns, artifact_file=artifact_file)
+        columns = list(rows[0])
+        self.log_dict(
+            {"columns": columns, "data": [[r.get(k) for k in columns] for r in rows]}, artifact_file
+        )
 
     def log_curves_png(self, artifact_file: str = "plots/reward_accuracy.png") -> None:
-        """Plot reward_mean per step and eval accuracy per version from the sink's history."""
-        if self.sink is None:
+        """Plot reward_mean per step and eval accuracy per version from the run's whole metric history
+        (so a resumed run draws the full curve, not only the steps of its last process)."""
+        if self.run_id is None:
             return
-        import matplotlib
+        from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig = Figure(figsize=(7, 4))
+        ax = fig.subplots()
         for name, label in (("train/reward_mean", "train reward mean"), ("eval/accuracy", "eval accuracy")):
-            points = [(s, v) for s, v in self.sink.history.get(name, []) if s is not None]
+            points = [(m.step, m.value) for m in self.client.get_metric_history(self.run_id, name)]
             if points:
                 xs, ys = zip(*sorted(points), strict=True)
                 ax.plot(xs, ys, marker="o" if name.startswith("eval") else None, label=label)
@@ -175,53 +216,37 @@ class MlflowTracker:
         ax.set_title(f"{self.cfg.experiment} / {self.cfg.trial}")
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-        plt.close(fig)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(artifact_file).name
             path.write_bytes(buf.getvalue())
             self.client.log_artifact(self.run_id, str(path), str(Path(artifact_file).parent))
 
     # -- model registry ----------------------------------------------------------------------
+    @property
+    def registry(self) -> Registry:
+        return Registry(self.client, self.model_name)
+
     def register_checkpoint(
         self, local_dir: str | Path, *, version: int, extra_tags: dict[str, Any] | None = None
     ) -> str:
-        """Upload a HF checkpoint dir as run artifact ``checkpoint`` and register it; returns the registry version."""
-        from mlflow.exceptions import MlflowException
-
-        self.client.log_artifacts(self.run_id, str(local_dir), "checkpoint")
-        with contextlib.suppress(MlflowException):  # already registered
-            self.client.create_registered_model(self.model_name)
+        """Log a verified HF checkpoint dir as the run's transformers model ``model`` and register it
+        (moving the ``latest-rl`` alias); returns the registry version. The caller decides whether to."""
+        log_transformers_model(self.client, self.run_id, local_dir, "model")
         tags = {"policy_version": str(version), "trial": self.cfg.trial, "experiment": self.cfg.experiment}
         tags.update({k: str(v) for k, v in (extra_tags or {}).items()})
-        mv = self.client.create_model_version(
-            self.model_name,
-            source=f"runs:/{self.run_id}/checkpoint",
-            run_id=self.run_id,
+        return self.registry.register(
+            self.run_id,
+            "model",
             tags=tags,
             description=f"rollflow policy version {version} of trial {self.cfg.trial}",
         )
-        self.client.set_registered_model_alias(self.model_name, "latest-rl", mv.version)
-        return str(mv.version)
 
 
 def download_latest_registered(
     tracking_uri: str, model_name: str, dst: str | Path
 ) -> tuple[Path, dict[str, str]]:
-    """Download the newest version of a registered rollflow policy; returns (local HF dir, its tags)."""
-    import mlflow
+    """Download the version under the ``latest-rl`` alias as one HF dir; returns (dir, version tags)."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri)
-    versions = client.search_model_versions(f"name = '{model_name}'")
-    if not versions:
-        raise LookupError(
-            f"no registered model named {model_name!r} at {tracking_uri}; run a training flow first "
-            "or set model.path to a checkpoint"
-        )
-    newest = max(versions, key=lambda v: int(v.version))
-    dst = Path(dst)
-    dst.mkdir(parents=True, exist_ok=True)
-    local = mlflow.artifacts.download_artifacts(
-        artifact_uri=f"models:/{model_name}/{newest.version}", dst_path=str(dst), tracking_uri=tracking_uri
-    )
-    return Path(local), dict(newest.tags)
+    local, inc = Registry(MlflowClient(tracking_uri=tracking_uri), model_name).download(dst, tracking_uri)
+    return local, {**inc.tags, "registry_version": inc.version}

@@ -6,6 +6,7 @@ accuracy on held-out prompts rose, MLflow holds the run, and the Prefect artifac
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,6 @@ def test_async_rl_learns_and_reports(
     monkeypatch.chdir(ROOT)
     mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     overrides = [
-        "trial=flow-test",
         f"storage.root={tmp_path / 'storage'}",
         f"storage.local_cache={tmp_path / 'cache'}",
         f"tracking.mlflow_tracking_uri={mlflow_uri}",
@@ -33,7 +33,7 @@ def test_async_rl_learns_and_reports(
         "eval.every_n_versions=10",
         "eval.n_prompts=100",
     ]
-    summary = async_rl(config="configs/tiny_cpu.yaml", overrides=overrides)
+    summary = async_rl(config="configs/tiny_cpu.yaml", overrides=overrides, trial="flow-test")
 
     assert summary["final_version"] == 30
     assert summary["eval_accuracy_after"] >= summary["eval_accuracy_before"] + 0.2, summary
@@ -56,6 +56,26 @@ def test_async_rl_learns_and_reports(
         assert client.get_metric_history(run.info.run_id, name), f"metric {name} was not logged"
     versions = client.search_model_versions("name = 'tiny-arith-policy'")
     assert versions and versions[0].tags["policy_version"] == "30"
+    assert versions[0].tags["prefect.flow_run_id"] == run.data.tags["prefect.flow_run_id"]
+    assert run.data.tags["rollflow.registry.reason"] == "first-version"
+    assert run.data.tags["mlflow.source.git.commit"] and run.data.tags["rollflow.data_window"].startswith(
+        "synthetic:"
+    )
+    assert summary["mlflow_run_url"].startswith("http") and run.info.run_id in summary["mlflow_run_url"]
+
+    # Re-running the finished trial is an explicit resume that changes nothing.
+    from tasks.trials import TrialExistsError
+
+    with pytest.raises(TrialExistsError):
+        async_rl(config="configs/tiny_cpu.yaml", overrides=overrides, trial="flow-test")
+    curve = client.download_artifacts(run.info.run_id, "plots/reward_accuracy.png", str(tmp_path / "c1"))
+    n_metric = len(client.get_metric_history(run.info.run_id, "train/loss"))
+    again = async_rl(config="configs/tiny_cpu.yaml", overrides=overrides, trial="flow-test", resume=True)
+    assert again["already_finished"] and again["final_version"] == 30
+    assert len(client.search_model_versions("name = 'tiny-arith-policy'")) == len(versions)
+    assert len(client.get_metric_history(run.info.run_id, "train/loss")) == n_metric
+    curve2 = client.download_artifacts(run.info.run_id, "plots/reward_accuracy.png", str(tmp_path / "c2"))
+    assert Path(curve).read_bytes() == Path(curve2).read_bytes()
 
     from prefect.client.orchestration import get_client
 
@@ -66,10 +86,25 @@ def test_async_rl_learns_and_reports(
     # The nightly retrain starts a new trial from the newest registered policy (not the base model).
     nightly = async_rl(
         config="configs/tiny_cpu.yaml",
-        overrides=[*overrides[1:], "train.steps=2", "eval.every_n_versions=0"],
-        trial_name="nightly-{date}",
+        overrides=[*overrides, "train.steps=2", "eval.every_n_versions=0"],
+        trial="nightly-{date}",
         retrain_from_registry=True,
     )
-    assert nightly["trial"].startswith("nightly-") and nightly["final_version"] == 2
+    assert (
+        nightly["trial"] == f"nightly-{time.strftime('%Y%m%d', time.gmtime())}"
+        and nightly["final_version"] == 2
+    )
+    assert nightly["source_model_version"] == "1"
     # it begins where the registered policy ended, far above the base model's accuracy
     assert nightly["eval_accuracy_before"] >= summary["eval_accuracy_after"] - 0.1, nightly
+    # the registry moved only if the retrain held the eval of the policy it started from
+    n_versions = len(client.search_model_versions("name = 'tiny-arith-policy'"))
+    held = nightly["eval_accuracy_after"] >= nightly["eval_accuracy_before"]
+    assert n_versions == (2 if held else 1), nightly
+    assert nightly["registry_decision"] == (
+        "eval-tied"
+        if nightly["eval_accuracy_after"] == nightly["eval_accuracy_before"]
+        else "eval-improved"
+        if held
+        else "eval-worse"
+    )

@@ -28,10 +28,12 @@ def test_notebook_executes(use_prefect_server: str, tmp_path: Path) -> None:
     env = {
         "ROLLFLOW_PROJECT_DIR": str(ROOT),
         "ROLLFLOW_NB_STEPS": "6",
-        "ROLLFLOW_NB_TRIAL": "nb-test",
         "ROLLFLOW_NB_RUNS": str(tmp_path / "runs"),
         "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
         "PREFECT_API_URL": use_prefect_server,
+        # no such deployment on this server: the notebook falls back to the embedded flow
+        # (tests/flows/test_user_day.py drives the deployment branch with a worker)
+        "ROLLFLOW_NB_DEPLOYMENT": "async-rl/not-deployed",
     }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits this process's environment
@@ -52,6 +54,14 @@ def test_notebook_executes(use_prefect_server: str, tmp_path: Path) -> None:
         for o in c.get("outputs", [])
         if o.get("name") == "stdout"
     )
-    assert "accuracy before" in outputs and "final version 6" in outputs
+    assert "embedded run of trial demo-" in outputs and "final version 6" in outputs
+    images = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "image/png" in o.get("data", {})
+    ]
+    assert images, "the curves were not rendered inline"
     last = nb.cells[-1].outputs
     assert last and "text/html" in last[0].get("data", {}), "the trajectories table was not displayed"

@@ -16,8 +16,12 @@ from rollflow.tracking.mlflow_tracker import MlflowTracker, download_latest_regi
 def _tiny_hf_dir(path: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from rollflow.models.tokenizer import build_tokenizer
+
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    tok = build_tokenizer()
+    tok.save_pretrained(path)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
     LlamaForCausalLM(cfg).save_pretrained(path)
     return path
@@ -65,11 +69,11 @@ def test_run_params_metrics_registry_over_http(mlflow_server: str, tmp_path: Pat
     history = client.get_metric_history(run_id, "eval/accuracy")
     assert [m.step for m in history] == [0, 1, 2]
     artifacts = {a.path for a in client.list_artifacts(run_id)}
-    assert {"config", "plots", "trajectories", "checkpoint"} <= artifacts
+    assert {"config", "plots", "trajectories", "model"} <= artifacts
 
     # The registered policy downloads and loads with transformers, tagged with its policy version.
     local, tags = download_latest_registered(mlflow_server, tracker.model_name, tmp_path / "dl")
-    assert tags["policy_version"] == "3"
+    assert tags["policy_version"] == "3" and tags["registry_version"] == "1"
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(local)
@@ -94,3 +98,24 @@ def test_sqlite_default_store_and_same_trial_resumes(tmp_path: Path, monkeypatch
 
     hist = MlflowClient(tracker.tracking_uri).get_metric_history(first, "train/loss")
     assert [(m.step, m.value) for m in hist] == [(1, 1.5)]
+    # artifacts live beside the database, never under the current directory
+    assert tracker._artifact_location == (tmp_path / "mlflow" / "artifacts").as_uri()
+
+
+def test_sqlite_uri_keeps_artifacts_beside_the_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "elsewhere" / "db" / "mlflow.db"
+    cfg = load_config(
+        overrides=[f"tracking.mlflow_tracking_uri=sqlite:///{db}", "experiment=beside", "trial=t"]
+    )
+    tracker = MlflowTracker(cfg)
+    tracker.start()
+    tracker.log_dict({"a": 1}, "x/a.json")
+    tracker.finish()
+    assert (db.parent / "artifacts").is_dir()
+    assert list((db.parent / "artifacts").rglob("a.json"))
+    assert not (tmp_path / "runs").exists(), "nothing may land under the current directory"
+    assert tracker.run_url.startswith("http://127.0.0.1:5000/#/experiments/")
+    assert tracker.run_url.endswith(f"/runs/{tracker.run_id}")

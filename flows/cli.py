@@ -1,0 +1,105 @@
+"""The ``rollflow`` command: run, resume, evaluate and inspect trials, and plan the GPU path.
+
+    rollflow run [--config C] [--trial T] [dotted.overrides ...]     a new trial (or the named one)
+    rollflow resume TRIAL [--config C] [dotted.overrides ...]        continue TRIAL (a finished one: no-op)
+    rollflow eval --trial T [--config C] [--version V] [--split S]   score a checkpoint of T
+    rollflow inspect [--config C] [trial=T ...] [--min-reward R] [--version LO:HI] [--prompt TEXT]
+    rollflow plan [--config configs/gsm8k_qwen.yaml] [--image IMG]  the GPU path, resolved without a GPU
+
+``run``, ``resume`` and ``eval`` run the flows in this process: against ``PREFECT_API_URL`` when it is
+set (the runs show in that server's UI), else against a private API server that dies with this process.
+To run on a worker instead, use ``prefect deployment run 'async-rl/local'`` (docs/operations.md).
+``inspect`` reads storage only and never imports Prefect, so it answers in about a second.
+
+It lives in ``flows/`` (not ``rollflow/``) because it calls flows, and ``rollflow/`` never imports Prefect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
+
+
+def _run(args: argparse.Namespace, *, resume: bool) -> int:
+    from flows.async_rl import async_rl, print_summary
+    from flows.local_api import local_prefect_api
+
+    with local_prefect_api():
+        summary = async_rl(config=args.config, overrides=args.overrides, trial=args.trial, resume=resume)
+    print_summary(summary)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from flows.evaluate import evaluate
+    from flows.local_api import local_prefect_api
+
+    overrides = [*args.overrides, f"trial={args.trial}"]
+    with local_prefect_api():
+        result = evaluate(config=args.config, overrides=overrides, version=args.version, split=args.split)
+    print(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from flows.gpu_plan import gpu_plan
+
+    plan = gpu_plan(args.config, args.overrides, image=args.image)
+    print(plan.pop("config"))
+    print(json.dumps(plan, indent=1))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rollflow", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run async-rl on a new trial (or --trial NAME)")
+    run.add_argument("--config", default=DEFAULT_CONFIG)
+    run.add_argument("--trial", default=None, help="trial name (default: a new one)")
+    run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=20")
+
+    res = sub.add_parser("resume", help="continue a trial; a finished one is only reported")
+    res.add_argument("trial")
+    res.add_argument("--config", default=DEFAULT_CONFIG)
+    res.add_argument("overrides", nargs="*")
+
+    ev = sub.add_parser("eval", help="score a committed checkpoint of a trial on the held-out split")
+    ev.add_argument("--trial", required=True)
+    ev.add_argument("--config", default=DEFAULT_CONFIG)
+    ev.add_argument("--version", type=int, default=-1, help="checkpoint version (-1 = latest)")
+    ev.add_argument("--split", default=None)
+    ev.add_argument("overrides", nargs="*")
+
+    sub.add_parser(
+        "inspect", help="decoded trajectories with filters (see `rollflow inspect -h`)", add_help=False
+    )
+
+    plan = sub.add_parser("plan", help="resolve the GPU config, commands and pool variables without a GPU")
+    plan.add_argument("--config", default="configs/gsm8k_qwen.yaml")
+    plan.add_argument("--image", default=None, help="container image (default: $ROLLFLOW_IMAGE)")
+    plan.add_argument("overrides", nargs="*")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["inspect"]:  # its own parser, and no Prefect import
+        from rollflow.rollout.inspect import main as inspect_main
+
+        return inspect_main(argv[1:], prog="rollflow inspect")
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return _run(args, resume=False)
+    if args.command == "resume":
+        return _run(args, resume=True)
+    if args.command == "eval":
+        return _eval(args)
+    return _plan(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

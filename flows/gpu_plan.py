@@ -1,0 +1,115 @@
+"""The GPU path resolved without a GPU: config, SGLang commands, torchrun command, pool job variables.
+
+What it is:
+- ``torchrun_command``: the trainer's launch line (``flows/train.py`` runs exactly this);
+- ``sglang_commands``: one ``sglang.launch_server`` line per server, as ``infra/sglang_launcher``
+  builds them (server i on GPUs ``base_gpu_id + i*tp_size`` ..);
+- ``pool_job_variables``: what the rollout and train deployments ask of their work pools:
+  ``gpu_count = inference.n_servers x inference.sglang.tp_size`` for rollout and
+  ``train.nproc_per_node`` for training, and the image (``ROLLFLOW_IMAGE``; missing = an error);
+- ``gpu_plan``: all of the above for one config, as a dict (``rollflow plan``, a test);
+- ``deployment_variables``: a ``prefect deploy`` build step (prefect-gpu.yaml) that returns the job
+  variables the GPU deployments template in, and fails the deploy when no image is set.
+What it is not: a launcher. Nothing here starts a process or needs CUDA, SGLang or the network.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from rollflow.api.config import ExperimentConfig
+from rollflow.api.config_loader import load_config, to_yaml
+from rollflow.api.errors import ConfigError
+
+
+class MissingImageError(ConfigError):
+    """A GPU deployment was about to be created without a container image."""
+
+
+def torchrun_command(cfg: ExperimentConfig, config: str | None, overrides: list[str]) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc_per_node={cfg.train.nproc_per_node}",
+        "-m", "rollflow.training.run",
+    ]  # fmt: skip
+    if config:
+        cmd += ["--config", config]
+    return cmd + list(overrides)
+
+
+def sglang_commands(cfg: ExperimentConfig, model_path: str | None = None) -> list[list[str]]:
+    from infra.servers import redact_command
+    from infra.sglang_launcher import build_sglang_command
+
+    inf, sg = cfg.inference, cfg.inference.sglang
+    return [
+        redact_command(
+            build_sglang_command(
+                model_path or cfg.model.path,
+                port=(inf.base_port + i) if inf.base_port else 0,
+                host=inf.host,
+                sglang=sg,
+                api_key=inf.api_key,
+                weight_version=inf.initial_weight_version,
+                base_gpu_id=sg.base_gpu_id + i * sg.tp_size,
+            )
+        )
+        for i in range(inf.n_servers)
+    ]
+
+
+def rollout_gpu_count(cfg: ExperimentConfig) -> int:
+    return cfg.inference.n_servers * cfg.inference.sglang.tp_size
+
+
+def require_image(image: str | None) -> str:
+    if not image or not image.strip():
+        raise MissingImageError(
+            "ROLLFLOW_IMAGE",
+            "the GPU deployments need a container image: build infra/docker/Dockerfile.gpu, push it, and "
+            "run `ROLLFLOW_IMAGE=<registry>/rollflow:gpu prefect --no-prompt deploy --all "
+            "--prefect-file prefect-gpu.yaml`",
+        )
+    return image.strip()
+
+
+def pool_job_variables(cfg: ExperimentConfig, image: str | None) -> dict[str, dict[str, Any]]:
+    image = require_image(image)
+    return {
+        "rollout": {"image": image, "gpu_count": rollout_gpu_count(cfg), "env": {"ROLLFLOW_ROLE": "rollout"}},
+        "train": {"image": image, "gpu_count": cfg.train.nproc_per_node, "env": {"ROLLFLOW_ROLE": "train"}},
+    }
+
+
+def gpu_plan(
+    config: str | None, overrides: list[str] | None = None, image: str | None = None
+) -> dict[str, Any]:
+    """Everything the GPU deployments would run, resolved and checked, for a human or a test."""
+    overrides = list(overrides or [])
+    cfg = load_config(config, overrides)
+    if cfg.inference.backend != "sglang":
+        raise ConfigError(
+            "inference.backend", f"is {cfg.inference.backend!r}; the GPU path serves with sglang"
+        )
+    return {
+        "config": to_yaml(cfg),
+        "sglang_commands": sglang_commands(cfg),
+        "torchrun_command": torchrun_command(cfg, config, overrides),
+        "job_variables": pool_job_variables(
+            cfg, image if image is not None else os.environ.get("ROLLFLOW_IMAGE")
+        ),
+        "gpus": {"rollout": rollout_gpu_count(cfg), "train": cfg.train.nproc_per_node},
+    }
+
+
+def deployment_variables(config: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """``prefect deploy`` build step: flat values for prefect-gpu.yaml to template in."""
+    cfg = load_config(config, list(overrides or []))
+    jv = pool_job_variables(cfg, os.environ.get("ROLLFLOW_IMAGE"))
+    return {
+        "image": jv["rollout"]["image"],
+        "rollout_gpu_count": jv["rollout"]["gpu_count"],
+        "train_gpu_count": jv["train"]["gpu_count"],
+    }

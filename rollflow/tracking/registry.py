@@ -1,0 +1,169 @@
+"""The MLflow model registry for rollflow policies: the gate, the model format and the download.
+
+What it is:
+- ``decide_registration``: a pure rule that says whether a finished run's policy enters the registry.
+  A run registers only when it trained (``steps_trained > 0``) and, when an incumbent exists (the
+  version under the ``latest-rl`` alias), only when its held-out accuracy is at least the incumbent's:
+  ``register = steps_trained > 0 and (incumbent is None or acc >= acc_incumbent)``. The reason is kept
+  as a short code (``first-version``, ``eval-improved``, ``eval-tied``, ``eval-worse``, ``no-training``)
+  so it can be stored as a tag.
+- ``log_transformers_model``: writes a Hugging Face checkpoint directory as an MLflow
+  ``transformers``-flavour model (``MLmodel`` + ``model/`` + ``components/tokenizer/``), so
+  ``mlflow.transformers.load_model``, ``mlflow.pyfunc.load_model`` and ``mlflow models serve`` work.
+  Only the files a model needs are copied: rollflow's own bookkeeping (``.rollflow-*``, ``COMMIT.json``)
+  stays out.
+- ``Registry``: find the incumbent, register a logged model with tags, move the alias, and download a
+  registered version back as one Hugging Face directory (for a retrain).
+What it is not: the run's params/metrics (``mlflow_tracker``) or the place a checkpoint is verified
+(storage verifies checksums before anything here reads the files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ALIAS = "latest-rl"
+_INTERNAL_PREFIXES = (".rollflow", ".")  # rollflow's markers and any hidden file
+_INTERNAL_NAMES = {"COMMIT.json", "rollflow_bootstrap.json"}
+_PIP_REQUIREMENTS = ["transformers", "torch", "safetensors", "tokenizers"]
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    """The registered version the alias points at, with the held-out accuracy it was registered with."""
+
+    version: str
+    eval_accuracy: float | None
+    tags: dict[str, str]
+
+
+@dataclass(frozen=True)
+class RegistryDecision:
+    register: bool
+    reason: str  # first-version | eval-improved | eval-tied | eval-worse | no-training
+    detail: str  # one human sentence, stored as a tag
+
+
+def decide_registration(
+    *, steps_trained: int, eval_accuracy: float, incumbent: Incumbent | None
+) -> RegistryDecision:
+    """See the module docstring. An incumbent without a recorded accuracy counts as beaten."""
+    if steps_trained <= 0:
+        return RegistryDecision(False, "no-training", "the run trained 0 steps; nothing new to register")
+    if incumbent is None:
+        return RegistryDecision(True, "first-version", f"no incumbent; eval accuracy {eval_accuracy:.4f}")
+    best = incumbent.eval_accuracy
+    if best is None or eval_accuracy > best:
+        return RegistryDecision(
+            True,
+            "eval-improved",
+            f"eval accuracy {eval_accuracy:.4f} > incumbent v{incumbent.version} {best}",
+        )
+    if eval_accuracy == best:
+        return RegistryDecision(
+            True, "eval-tied", f"eval accuracy {eval_accuracy:.4f} = incumbent v{incumbent.version}"
+        )
+    return RegistryDecision(
+        False,
+        "eval-worse",
+        f"eval accuracy {eval_accuracy:.4f} < incumbent v{incumbent.version} {best:.4f}; registry unchanged",
+    )
+
+
+def _model_files(src: Path) -> list[Path]:
+    return [
+        p
+        for p in sorted(src.iterdir())
+        if p.is_file() and not p.name.startswith(_INTERNAL_PREFIXES) and p.name not in _INTERNAL_NAMES
+    ]
+
+
+def log_transformers_model(client: Any, run_id: str, checkpoint_dir: str | Path, artifact_path: str) -> None:
+    """Save ``checkpoint_dir`` (a verified HF directory) as a transformers-flavour model under the run."""
+    import mlflow.transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="rollflow-mlmodel-") as tmp:
+        clean = Path(tmp) / "hf"
+        clean.mkdir()
+        for f in _model_files(Path(checkpoint_dir)):
+            shutil.copy2(f, clean / f.name)
+        components = {
+            "model": AutoModelForCausalLM.from_pretrained(clean, dtype="auto", trust_remote_code=False),
+            "tokenizer": AutoTokenizer.from_pretrained(clean, trust_remote_code=False),
+        }
+        out = Path(tmp) / "mlmodel"
+        mlflow.transformers.save_model(
+            components, str(out), task="text-generation", pip_requirements=_PIP_REQUIREMENTS
+        )
+        client.log_artifacts(run_id, str(out), artifact_path)
+
+
+class Registry:
+    """One registered model name in one MLflow tracking store."""
+
+    def __init__(self, client: Any, model_name: str) -> None:
+        self.client = client
+        self.model_name = model_name
+
+    def incumbent(self) -> Incumbent | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            mv = self.client.get_model_version_by_alias(self.model_name, ALIAS)
+        except MlflowException:
+            return None  # no registered model, or no alias yet
+        tags = dict(mv.tags)
+        acc = tags.get("eval_accuracy")
+        return Incumbent(str(mv.version), float(acc) if acc not in (None, "") else None, tags)
+
+    def register(self, run_id: str, artifact_path: str, *, tags: dict[str, str], description: str) -> str:
+        """Create a model version from ``runs:/<run_id>/<artifact_path>`` and point the alias at it."""
+        from mlflow.exceptions import MlflowException
+
+        with contextlib.suppress(MlflowException):  # already exists
+            self.client.create_registered_model(self.model_name)
+        mv = self.client.create_model_version(
+            self.model_name,
+            source=f"runs:/{run_id}/{artifact_path}",
+            run_id=run_id,
+            tags=tags,
+            description=description,
+        )
+        self.client.set_registered_model_alias(self.model_name, ALIAS, mv.version)
+        return str(mv.version)
+
+    def download(self, dst: str | Path, tracking_uri: str) -> tuple[Path, Incumbent]:
+        """Download the alias's version and assemble one HF directory (weights + tokenizer) under ``dst``."""
+        import mlflow
+
+        inc = self.incumbent()
+        if inc is None:
+            raise LookupError(
+                f"no version of {self.model_name!r} carries the alias {ALIAS!r} at {tracking_uri}; run a "
+                "training flow first or set model.path to a checkpoint"
+            )
+        dst = Path(dst)
+        dst.mkdir(parents=True, exist_ok=True)
+        local = Path(
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=f"models:/{self.model_name}/{inc.version}",
+                dst_path=str(dst / "mlmodel"),
+                tracking_uri=tracking_uri,
+            )
+        )
+        hf = dst / "hf"
+        if hf.exists():
+            shutil.rmtree(hf)
+        hf.mkdir()
+        for sub in (local / "model", local / "components" / "tokenizer"):
+            for f in _model_files(sub) if sub.is_dir() else []:
+                shutil.copy2(f, hf / f.name)
+        if not (hf / "config.json").exists():
+            raise LookupError(f"{self.model_name} v{inc.version} is not a transformers-flavour model")
+        return hf, inc

@@ -1,0 +1,82 @@
+"""Which trial a flow run works on: a fresh one by default, an existing one only on an explicit resume.
+
+What it is: ``choose_trial`` turns the flow's parameters into a trial name and a ``TrialPlan``:
+- no trial named (no ``trial`` parameter, no ``trial=`` override): a new name
+  ``{config trial}-{YYYYmmdd-HHMMSS}-{4 hex}``, so every deployment run is its own trial;
+- a trial named: ``{date}`` in it becomes today's date (``nightly-{date}`` -> ``nightly-20261124``);
+  if the trial already holds data, the run must say ``resume=True`` (else ``TrialExistsError``);
+- ``resume=True`` on a trial that finished (its trainer wrote DONE.json) is a no-op that reports: it
+  trains nothing, registers nothing and logs nothing. On an unfinished trial it continues it.
+What it is not: the resume mechanics (the trainer and rollout restore their own state from storage).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rollflow.api.errors import ConfigError
+
+
+class TrialExistsError(ConfigError):
+    """A run named a trial that already holds data without asking to resume it."""
+
+
+class NothingToResumeError(ConfigError):
+    """``resume=True`` named a trial that holds no data."""
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    trial: str
+    state: Literal["new", "unfinished", "finished"]
+    resume: bool
+    done: dict[str, Any] | None = None  # the trainer's DONE.json for a finished trial
+
+
+def expand_trial_name(name: str, now: float | None = None) -> str:
+    """Replace ``{date}`` with today's date (UTC, YYYYmmdd) and ``{time}`` with HHMMSS."""
+    t = time.gmtime(now)
+    return name.replace("{date}", time.strftime("%Y%m%d", t)).replace("{time}", time.strftime("%H%M%S", t))
+
+
+def fresh_trial_name(base: str, now: float | None = None) -> str:
+    return f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{secrets.token_hex(2)}"
+
+
+def named_in_overrides(overrides: list[str]) -> bool:
+    return any(o.split("=", 1)[0].strip() == "trial" for o in overrides)
+
+
+def trial_state(storage: Any) -> tuple[Literal["new", "unfinished", "finished"], dict[str, Any] | None]:
+    """new: nothing stored; finished: the trainer's done marker exists; unfinished: anything else."""
+    from storage.checkpoints import CheckpointStore
+
+    done = CheckpointStore(storage).is_done()
+    if done is not None:
+        return "finished", done
+    return ("unfinished" if storage.list_dirs("") else "new"), None
+
+
+def choose_trial(base: str, *, named: str | None, resume: bool, open_storage: Any) -> TrialPlan:
+    """``base``: the config's trial; ``named``: the trial the caller asked for (None = a new one);
+    ``open_storage(trial)`` opens that trial's storage."""
+    if named is None:
+        if resume:
+            raise NothingToResumeError("resume", "resume=true needs the trial to resume: pass trial=<name>")
+        return TrialPlan(fresh_trial_name(base), "new", resume=False)
+    trial = expand_trial_name(named)
+    state, done = trial_state(open_storage(trial))
+    if state == "new" and resume:
+        raise NothingToResumeError(
+            "resume", f"trial {trial!r} holds no data; drop resume=true to start it, or check the name"
+        )
+    if state != "new" and not resume:
+        raise TrialExistsError(
+            "trial",
+            f"trial {trial!r} already exists ({state}); pass resume=true (`rollflow resume {trial}`) to "
+            "continue it, or leave the trial unset for a new one",
+        )
+    return TrialPlan(trial, state, resume=resume, done=done)

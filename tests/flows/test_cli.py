@@ -1,0 +1,100 @@
+"""The `rollflow` console script: inspect with filters (without importing Prefect or torch), plan, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from storage.fs import Storage
+from storage.schema import TrajectoryGroup, TrajectoryRow
+from storage.shard_writer import ShardWriter
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _write_trial(root: Path, tok_dir: Path) -> None:
+    from rollflow.models.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.save_pretrained(tok_dir)
+    storage = Storage.open(str(root), "exp", "t1")
+    with ShardWriter(storage, "w", flush_rows=2) as writer:
+        for i, (a, answer, head, reward) in enumerate([(1, "2", 3, 1.0), (2, "5", 4, 0.0), (3, "6", 5, 1.0)]):
+            p = tok.encode(f"<|im_start|>user\n{a}+{a}=?<|im_end|>\n", add_special_tokens=False)
+            c = tok.encode(f"{answer}<|im_end|>", add_special_tokens=False)
+            row = TrajectoryRow.build(
+                traj_id=f"g{i}-0", group_id=f"g{i}", prompt_id=f"p{i}", input_ids=p + c,
+                loss_mask=[0] * len(p) + [1] * len(c), logprobs=[0.0] * len(p) + [-0.5] * len(c),
+                versions=[-1] * len(p) + [head] * len(c), reward=reward, finish_reason="stop",
+            )  # fmt: skip
+            writer.add(TrajectoryGroup(f"g{i}", f"p{i}", [row]))
+
+
+def _inspect(tmp_path: Path, *extra: str) -> list[str]:
+    code = (
+        "import sys; from flows.cli import main; rc = main(sys.argv[1:]); "
+        "heavy = [m for m in ('prefect', 'torch', 'transformers') if m in sys.modules]; "
+        "print('HEAVY', heavy); sys.exit(rc)"
+    )
+    args = ["inspect", "--storage-root", str(tmp_path / "st"), "--experiment", "exp", "--trial", "t1"]
+    args += ["--tokenizer", str(tmp_path / "tok"), "--limit", "0", *extra]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr  # what keeps a call around a second
+    return out.stdout.splitlines()
+
+
+def test_inspect_filters_by_reward_version_and_prompt(tmp_path: Path) -> None:
+    _write_trial(tmp_path / "st", tmp_path / "tok")
+    lines = _inspect(tmp_path)
+    assert "3 rows" in lines
+    lines = _inspect(tmp_path, "--min-reward", "0.5")
+    assert "2 rows" in lines and not any("5<|im_end|>" in ln for ln in lines)
+    lines = _inspect(tmp_path, "--version", "4:")
+    assert (
+        "2 rows" in lines
+        and any(ln.startswith("v5 ") for ln in lines)
+        and not any(ln.startswith("v3 ") for ln in lines)
+    )
+    lines = _inspect(tmp_path, "--prompt", "2+2", "--max-reward", "0")
+    assert "1 rows" in lines and any("5<|im_end|>" in ln for ln in lines)
+
+
+def test_plan_and_bad_version_filter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.cli import main
+
+    assert main(["plan", "--config", str(ROOT / "configs" / "gsm8k_qwen.yaml"), "--image", "reg/r:gpu"]) == 0
+    out = capsys.readouterr().out
+    plan = json.loads(out[out.index("{\n") :])
+    assert plan["gpus"] == {"rollout": 4, "train": 8}
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "inspect",
+                "--storage-root",
+                str(tmp_path),
+                "--experiment",
+                "e",
+                "--trial",
+                "t",
+                "--version",
+                "x",
+            ]
+        )
+    assert "LO:HI" in capsys.readouterr().err
+
+
+def test_console_script_is_declared_for_an_existing_module() -> None:
+    import tomllib
+
+    target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["rollflow"]
+    module, func = target.split(":")
+    import importlib
+
+    assert callable(getattr(importlib.import_module(module), func))
