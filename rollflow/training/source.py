@@ -8,7 +8,8 @@ What it is not: a sampler or a shuffler; order is the reader's (commit time), an
 is the exactly-once state saved in resume points.
 
 A wait fails with TrainerError when no new group arrived for ``timeout_s`` (the rollout side is dead
-or stuck); it returns None when the stop event is set.
+or stuck), or when ``max_read_failures`` reads in a row raised (storage down, not a hiccup: a failed
+``take`` moves nothing, so it is simply retried); it returns None when the stop event is set.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ class BatchCollector:
         max_poll_interval_s: float = 2.0,
         stop_event: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_read_failures: int = 10,
     ) -> None:
         self.reader = reader
+        self.max_read_failures = max_read_failures
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
         self.max_poll_interval_s = max_poll_interval_s
@@ -67,6 +70,7 @@ class BatchCollector:
         out = Collected(groups=[])
         start = last_progress = self._clock()
         interval = self.poll_interval_s
+        failures = 0
         while len(out.groups) < n:
             if self.stop_event.is_set():
                 logger.info(
@@ -74,7 +78,19 @@ class BatchCollector:
                 )
                 self._stranded(out)
                 return None
-            res = self.reader.take(n - len(out.groups), min_head_version=min_head_version)
+            try:
+                res = self.reader.take(n - len(out.groups), min_head_version=min_head_version)
+            except Exception as e:  # storage I/O that outlasted the client's retries: take moved nothing
+                failures += 1
+                if failures >= self.max_read_failures:
+                    raise TrainerError(
+                        f"{failures} consecutive reads of trajectory shards failed; last error: {e!r}"
+                    ) from e
+                logger.warning("reading trajectory shards failed (%d in a row), retrying: %r", failures, e)
+                self.stop_event.wait(interval)
+                interval = min(self.max_poll_interval_s, interval * 1.5)
+                continue
+            failures = 0
             out.groups.extend(res.groups)
             out.dropped_stale += res.dropped_stale
             out.quarantined += res.quarantined
