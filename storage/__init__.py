@@ -5,6 +5,8 @@
 - `storage.schema`: the trajectory Arrow schema, `TrajectoryRow` / `TrajectoryGroup`, validation;
 - `storage.shards`: `ShardWriter`, `ShardReader`, `CommitRecord`, `ReaderCursor` (commit protocol);
 - `storage.checkpoints`: `CheckpointStore` (publish / resolve / fetch / ack / gc);
+- `storage.validate`: value checks at the boundary (finite rewards/logprobs, token ids, record parsing);
+- `storage.scrub`: credential scrubbing of log lines and exception messages;
 - `storage.errors`: the named exceptions.
 
 See docs/storage.md for the protocols.

@@ -88,6 +88,8 @@ def _parse_commit(raw: bytes, version: int) -> dict[str, Any]:
     """Validate COMMIT.json; CheckpointIntegrityError naming COMMIT.json if it is malformed."""
     try:
         doc = json.loads(raw)
+    except RecursionError:
+        raise CheckpointIntegrityError(keys.CHECKPOINT_COMMIT_NAME, "JSON nested too deeply") from None
     except ValueError as e:
         raise CheckpointIntegrityError(keys.CHECKPOINT_COMMIT_NAME, f"not JSON: {e}") from None
     if not isinstance(doc, dict) or doc.get("version") != version or not isinstance(doc.get("files"), dict):
@@ -568,7 +570,7 @@ class CheckpointStore:
         for server, v in latest.items():
             try:
                 acked_at = float(self.storage.get_json(keys.ack_key(v, server))["acked_at"])
-            except (FileNotFoundError, ValueError, KeyError, TypeError):
+            except (FileNotFoundError, ValueError, KeyError, TypeError, RecursionError):
                 continue
             if now - acked_at <= self.ack_ttl_s:
                 live[server] = v

@@ -2,7 +2,7 @@
 
 This module is only the exception hierarchy; it is NOT where errors are handled. Every exception derives
 from `StorageError`, so a caller can catch the whole layer with one clause. Messages never contain
-credentials (see `storage.fs.Storage`, which scrubs them).
+credentials (`storage.fs.Storage` scrubs them with `storage.scrub`).
 """
 
 from __future__ import annotations

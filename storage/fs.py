@@ -12,28 +12,31 @@ relative to that prefix (`storage.keys` builds them). Two backends, chosen by th
 What this is NOT: a cache, a retry layer (s3fs retries requests) or a place for the key layout.
 
 Credentials (options `key`, `secret`, `token` or the `AWS_*` variables, and any user:password in the
-endpoint URL) never appear in `repr`, `str`, log lines or exception messages raised from here.
+endpoint URL) never appear in `repr`, `str`, log lines or exception messages raised from here (the
+scrubbing itself is `storage.scrub`). An exclusive put is a conflict by the S3 error code
+(`PreconditionFailed`, `ConditionalRequestConflict`), never by matching message text; an exclusive put
+whose key already holds exactly the same bytes (a retry whose first attempt landed) is a success.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import json
 import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
+from urllib.parse import urlsplit
 
 import fsspec
 
 from storage.errors import CommitConflictError, StorageError
 from storage.keys import check_name
+from storage.scrub import redact_url, register_secrets, scrubbing
 from storage.transfer import (
     CHUNK_SIZE,
     DEFAULT_CONCURRENCY,
@@ -48,85 +51,28 @@ logger = logging.getLogger(__name__)
 
 TMP_MARKER = ".rollflow-tmp-"
 _OPTION_KEYS = frozenset({"endpoint_url", "key", "secret", "token", "region", "fsync", "max_concurrency"})
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _redact_url(url: str) -> str:
-    """Drop `user:password@` from a URL."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+# S3 error codes of a conditional put that lost: the key exists (412), or a concurrent conditional
+# write to the same key is in progress (409). The code, not the message text, decides.
+CONFLICT_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 
 
-class _SecretFilter(logging.Filter):
-    """Rewrites log records of the S3 client stack so no registered secret appears in them.
-
-    botocore logs request headers at DEBUG, and the Authorization header names the access key id.
+def s3_error_code(e: BaseException) -> str | None:
+    """The S3 error code (`Error.Code` of a botocore ClientError) of `e` or of an exception in its
+    cause/context chain (s3fs re-raises ClientErrors as OSErrors with the original as the cause).
     """
-
-    secrets: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self.secrets:
-            return True
-        try:
-            msg = record.getMessage()
-        except Exception:
-            return True
-        if any(s in msg for s in self.secrets):
-            for s in self.secrets:
-                msg = msg.replace(s, "***")
-            record.msg, record.args = msg, None
-        return True
-
-
-_SECRET_FILTER = _SecretFilter()
-_FILTERED_PREFIXES = ("botocore", "aiobotocore", "s3fs", "fsspec", "urllib3", "aiohttp")
-
-
-_n_loggers_seen = 0
-
-
-def _register_secrets(secrets: tuple[str, ...] = ()) -> None:
-    """Remember `secrets`; attach the scrubbing filter to every S3-stack logger created so far.
-
-    Called again before each S3 operation; cheap then, unless new secrets or loggers appeared.
-    """
-    global _n_loggers_seen
-    new = [s for s in secrets if s not in _SecretFilter.secrets]
-    _SecretFilter.secrets.update(new)
-    n = len(logging.root.manager.loggerDict)
-    if not _SecretFilter.secrets or (n == _n_loggers_seen and not new):
-        return
-    _n_loggers_seen = n
-    names = [k for k in list(logging.root.manager.loggerDict) if k.split(".")[0] in _FILTERED_PREFIXES]
-    for name in names + list(_FILTERED_PREFIXES):
-        lg = logging.getLogger(name)
-        if _SECRET_FILTER not in lg.filters:
-            lg.addFilter(_SECRET_FILTER)
-
-
-def _scrubbing(method: _F) -> _F:
-    """Re-raise any exception whose text (or chained text) holds a secret as a scrubbed copy."""
-
-    @functools.wraps(method)
-    def wrapper(self: Storage, *args: Any, **kwargs: Any) -> Any:
-        clean: BaseException | None = None
-        if self._secrets:
-            _register_secrets(self._secrets)  # also after unpickling in another process
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as e:
-            clean = self._scrub_exception(e)
-            if clean is None:
-                raise
-        raise clean  # outside the except block: the original (secret-bearing) context is not chained
-
-    return wrapper  # type: ignore[return-value]
+    cur: BaseException | None = e
+    for _ in range(10):
+        if cur is None:
+            break
+        response = getattr(cur, "response", None)
+        if isinstance(response, dict):
+            code = (response.get("Error") or {}).get("Code")
+            if code:
+                return str(code)
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 class Storage:
@@ -225,7 +171,7 @@ class Storage:
             ep = urlsplit(endpoint)
             secrets += [s for s in (ep.username, ep.password) if s]
         secrets = [s for s in secrets if len(s) >= 3]
-        _register_secrets(tuple(secrets))
+        register_secrets(tuple(secrets))
         return cls(
             fs,
             base,
@@ -233,7 +179,7 @@ class Storage:
             is_local=False,
             secrets=tuple(secrets),
             max_concurrency=max_conc,
-            endpoint=_redact_url(endpoint) if endpoint else None,
+            endpoint=redact_url(endpoint) if endpoint else None,
         )
 
     def __repr__(self) -> str:
@@ -274,31 +220,6 @@ class Storage:
         bucket, _, rest = self._path(key).partition("/")
         return bucket, rest
 
-    # --- secrets ------------------------------------------------------------------------------------------
-
-    def _scrub(self, text: str) -> str:
-        for s in self._secrets:
-            text = text.replace(s, "***")
-        return text
-
-    def _scrub_exception(self, e: BaseException) -> BaseException | None:
-        """A copy of `e` with secrets removed, or None if no text in the chain holds one."""
-        if not self._secrets:
-            return None
-        texts: list[str] = []
-        cur: BaseException | None = e
-        while cur is not None and len(texts) < 20:
-            texts += [str(cur), repr(cur)]
-            cur = cur.__cause__ or cur.__context__
-        if not any(s in t for s in self._secrets for t in texts):
-            return None
-        msg = self._scrub(str(e))
-        try:
-            clean = type(e)(msg)
-        except Exception:
-            clean = StorageError(msg)
-        return clean
-
     # --- single objects -----------------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -333,9 +254,26 @@ class Storage:
         if self.fsync:
             fsync_dir(os.path.dirname(path))
 
-    @_scrubbing
+    @scrubbing
     def put_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
-        """Atomically store `data` at `key`. exclusive=True: CommitConflictError if `key` exists."""
+        """Atomically store `data` at `key`.
+
+        exclusive=True: CommitConflictError if `key` holds other bytes. If it holds exactly `data`, the
+        put succeeds: that is a retry whose first attempt landed (on S3 the client retries a put whose
+        response was lost, and the retry meets its own object), not a conflict.
+        """
+        try:
+            self._put_bytes(key, data, exclusive)
+        except CommitConflictError:
+            try:
+                existing = self.get_bytes(key)
+            except FileNotFoundError:
+                existing = None
+            if existing != data:
+                raise
+            logger.info("exclusive put of %s found identical bytes in place (a retried put)", key)
+
+    def _put_bytes(self, key: str, data: bytes, exclusive: bool) -> None:
         path = self._path(key)
         if self.is_local:
             with self._local_tmp(path) as tmp:
@@ -351,19 +289,14 @@ class Storage:
             return
         try:
             self.fs.pipe_file(path, data, mode="create")
-        except FileExistsError:
+        except FileExistsError:  # s3fs's translation of PreconditionFailed on If-None-Match
             raise CommitConflictError(f"key already exists: {key}") from None
         except OSError as e:
-            text = str(e)
-            if (
-                "PreconditionFailed" in text
-                or "pre-condition" in text
-                or "ConditionalRequestConflict" in text
-            ):
-                raise CommitConflictError(f"key already exists: {key}") from None
-            raise
+            if s3_error_code(e) not in CONFLICT_CODES:
+                raise
+            raise CommitConflictError(f"key already exists: {key}") from None
 
-    @_scrubbing
+    @scrubbing
     def get_bytes(self, key: str) -> bytes:
         """The bytes at `key`; FileNotFoundError if absent."""
         path = self._path(key)
@@ -380,7 +313,7 @@ class Storage:
         """`json.loads(get_bytes(key))`; FileNotFoundError if absent, ValueError if not JSON."""
         return json.loads(self.get_bytes(key))
 
-    @_scrubbing
+    @scrubbing
     def exists(self, key: str) -> bool:
         """True if `key` is an object (or a non-empty prefix)."""
         path = self._path(key)
@@ -388,7 +321,7 @@ class Storage:
             return os.path.exists(path)
         return bool(self.fs.exists(path))
 
-    @_scrubbing
+    @scrubbing
     def size(self, key: str) -> int:
         """Size in bytes of the object at `key`; FileNotFoundError if absent."""
         path = self._path(key)
@@ -398,7 +331,7 @@ class Storage:
 
     # --- listing ------------------------------------------------------------------------------------------
 
-    @_scrubbing
+    @scrubbing
     def list(self, prefix: str) -> list[str]:
         """Keys under `prefix` (as a directory), recursive, sorted; [] if there are none."""
         path = self._path(prefix, allow_empty=True)
@@ -418,7 +351,7 @@ class Storage:
             return []
         return sorted(self._rel(p) for p in found if p.startswith(path + "/"))
 
-    @_scrubbing
+    @scrubbing
     def list_dirs(self, prefix: str) -> list[str]:
         """Immediate child 'directories' of `prefix` as keys, sorted; [] if there are none."""
         path = self._path(prefix, allow_empty=True)
@@ -437,7 +370,7 @@ class Storage:
 
     # --- deletion -----------------------------------------------------------------------------------------
 
-    @_scrubbing
+    @scrubbing
     def delete(self, key: str, *, recursive: bool = False) -> None:
         """Delete `key` (and everything under it if recursive). Absent keys are fine (idempotent)."""
         path = self._path(key)
@@ -462,7 +395,7 @@ class Storage:
 
     # --- files --------------------------------------------------------------------------------------------
 
-    @_scrubbing
+    @scrubbing
     def put_file(self, local_path: str | Path, key: str, *, algo: str = "sha256") -> FileDigest:
         """Atomically upload a local file to `key`, returning its size and digest (hashed on the way)."""
         path = self._path(key)
@@ -485,7 +418,7 @@ class Storage:
             algo=algo,
         )
 
-    @_scrubbing
+    @scrubbing
     def get_file(
         self, key: str, local_path: str | Path, *, size: int | None = None, algo: str = "sha256"
     ) -> FileDigest:
@@ -515,7 +448,7 @@ class Storage:
 
     # --- S3 helpers ---------------------------------------------------------------------------------------
 
-    @_scrubbing
+    @scrubbing
     def ensure_bucket(self) -> None:
         """Create the S3 bucket if it does not exist (tests, local S3 servers). No-op on posix."""
         if self.is_local:
@@ -535,6 +468,6 @@ class Storage:
         except FileExistsError:
             pass
         except OSError as e:
-            if "BucketAlreadyOwnedByYou" not in str(e) and "BucketAlreadyExists" not in str(e):
+            if s3_error_code(e) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise
         logger.info("created bucket %s", bucket)

@@ -18,10 +18,10 @@ What it is NOT: the schema (names, types, per-row invariants: `schema.py`) or th
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from storage.commits import CommitRecord
 from storage.errors import CorruptShardError, NonFiniteValueError, SchemaMismatchError
@@ -33,9 +33,23 @@ def _traj_id(table: pa.Table, row: int) -> str:
     return repr(table.column("traj_id")[row].as_py())
 
 
-def _row_of(offsets: np.ndarray, flat_index: int) -> int:
-    """The row whose slice [offsets[i], offsets[i+1]) holds `flat_index` of the flattened list column."""
-    return int(np.searchsorted(offsets, flat_index, side="right") - 1)
+def _first_bad(
+    table: pa.Table, column: str, is_bad: Callable[[np.ndarray], np.ndarray]
+) -> tuple[int, int, float, int] | None:
+    """(row, token position, value, number of bad values) of the first value of list `column` for
+    which `is_bad` (vectorised over the flat values) holds, or None if there is none.
+    """
+    arr = table.column(column).combine_chunks()
+    if not len(arr):
+        return None
+    offsets = arr.offsets.to_numpy()  # [rows + 1] respects a slice offset; .values does not
+    values = arr.values.to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(is_bad(values[offsets[0] : offsets[-1]]))
+    if not bad.size:
+        return None
+    k = int(bad[0]) + int(offsets[0])
+    row = int(np.searchsorted(offsets, k, side="right") - 1)
+    return row, k - int(offsets[row]), values[k].item(), int(bad.size)
 
 
 def check_values(table: pa.Table) -> None:
@@ -52,41 +66,32 @@ def check_values(table: pa.Table) -> None:
             f"+-{FLOAT32_MAX:.4g}, e.g. 1e39); {bad.size} row(s) affected. Bound rewards in the reward "
             "function",
         )
-    arr = table.column("logprobs").combine_chunks()
-    if len(arr):
-        values = arr.values.to_numpy(zero_copy_only=False)
-        offsets = arr.offsets.to_numpy()
-        bad = np.flatnonzero(~np.isfinite(values[offsets[0] : offsets[-1]]))
-        if bad.size:
-            k = int(bad[0]) + int(offsets[0])
-            i = _row_of(offsets, k)
-            raise NonFiniteValueError(
-                "logprobs",
-                f"row {i} ({_traj_id(table, i)}), token {k - int(offsets[i])}: {values[k]} is not finite "
-                f"({bad.size} value(s) affected); behaviour logprobs must be finite at every position "
-                "(0.0 where loss_mask is 0)",
-            )
-    ids = pc.list_flatten(table.column("input_ids").combine_chunks())
-    if len(ids) and pc.min(ids).as_py() < 0:
-        raise SchemaMismatchError("input_ids", f"negative token id {pc.min(ids).as_py()}")
+    found = _first_bad(table, "logprobs", lambda v: ~np.isfinite(v))
+    if found:
+        i, t, value, n = found
+        raise NonFiniteValueError(
+            "logprobs",
+            f"row {i} ({_traj_id(table, i)}), token {t}: {value} is not finite ({n} value(s) affected); "
+            "behaviour logprobs must be finite at every position (0.0 where loss_mask is 0)",
+        )
+    found = _first_bad(table, "input_ids", lambda v: v < 0)
+    if found:
+        i, t, value, n = found
+        raise SchemaMismatchError(
+            "input_ids", f"row {i} ({_traj_id(table, i)}), token {t}: negative token id {value}"
+        )
 
 
 def check_token_ids(table: pa.Table, vocab_size: int) -> None:
     """SchemaMismatchError if any token id is outside [0, vocab_size)."""
-    arr = table.column("input_ids").combine_chunks()
-    if not len(arr):
-        return
-    offsets = arr.offsets.to_numpy()
-    flat = arr.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
-    bad = np.flatnonzero((flat < 0) | (flat >= vocab_size))
-    if bad.size:
-        k = int(bad[0]) + int(offsets[0])
-        i = _row_of(offsets, k)
+    found = _first_bad(table, "input_ids", lambda v: (v < 0) | (v >= vocab_size))
+    if found:
+        i, _, value, n = found
         raise SchemaMismatchError(
             "input_ids",
-            f"row {i} ({_traj_id(table, i)}): token id {int(flat[bad[0]])} is outside the policy's "
-            f"vocabulary [0, {vocab_size}) ({bad.size} id(s) affected); the shard was written for "
-            "another tokenizer or is corrupt",
+            f"row {i} ({_traj_id(table, i)}): token id {value} is outside the policy's vocabulary "
+            f"[0, {vocab_size}) ({n} id(s) affected); the shard was written for another tokenizer or "
+            "is corrupt",
         )
 
 

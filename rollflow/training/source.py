@@ -10,9 +10,10 @@ What it is not: a sampler or a shuffler; order is the reader's (commit time), an
 is the exactly-once state saved in resume points.
 
 A wait fails with TrainerError when no new group arrived for ``timeout_s`` (the rollout side is dead
-or stuck); it returns None when the stop event is set. While it waits it says so at INFO every
-``report_every_s``: how many groups it still needs, the head version they need, how long ago the last
-one came and when it will give up.
+or stuck), or when ``max_read_failures`` reads in a row raised (storage down, not a hiccup: a failed
+``take`` moves nothing, so it is simply retried); it returns None when the stop event is set. While
+it waits it says so at INFO every ``report_every_s``: how many groups it still needs, the head version
+they need, how long ago the last one came and when it will give up.
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ class BatchCollector:
         stop_event: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
         report_every_s: float = 30.0,
+        max_read_failures: int = 10,
     ) -> None:
         self.reader = reader
         self.report_every_s = report_every_s
+        self.max_read_failures = max_read_failures
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
         self.max_poll_interval_s = max_poll_interval_s
@@ -73,6 +76,7 @@ class BatchCollector:
         out = Collected(groups=[])
         start = last_progress = last_report = self._clock()
         interval = self.poll_interval_s
+        failures = 0
         while len(out.groups) < n:
             if self.stop_event.is_set():
                 logger.info(
@@ -80,7 +84,19 @@ class BatchCollector:
                 )
                 self._stranded(out)
                 return None
-            res = self.reader.take(n - len(out.groups), min_head_version=min_head_version)
+            try:
+                res = self.reader.take(n - len(out.groups), min_head_version=min_head_version)
+            except Exception as e:  # storage I/O that outlasted the client's retries: take moved nothing
+                failures += 1
+                if failures >= self.max_read_failures:
+                    raise TrainerError(
+                        f"{failures} consecutive reads of trajectory shards failed; last error: {e!r}"
+                    ) from e
+                logger.warning("reading trajectory shards failed (%d in a row), retrying: %r", failures, e)
+                self.stop_event.wait(interval)
+                interval = min(self.max_poll_interval_s, interval * 1.5)
+                continue
+            failures = 0
             out.groups.extend(res.groups)
             out.dropped_stale += res.dropped_stale
             out.quarantined += res.quarantined

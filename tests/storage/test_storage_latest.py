@@ -13,6 +13,7 @@ import pytest
 
 from storage import keys
 from storage.checkpoints import CheckpointStore, parse_latest
+from storage.errors import CheckpointIntegrityError
 from storage.fs import Storage
 
 BAD_LATEST = {
@@ -70,3 +71,11 @@ def test_latest_naming_an_uncommitted_future_version_is_replaced(storage: Storag
     assert store.resolve_latest().version == 0  # type: ignore[union-attr]
     store.publish(_ckpt(tmp_path, "b"), 1)  # LATEST never moves back, but this one names nothing
     assert store.latest_version() == 1 and store.resolve_latest().version == 1  # type: ignore[union-attr]
+
+
+def test_deeply_nested_commit_json_is_a_named_integrity_error(storage: Storage, tmp_path: Path) -> None:
+    store = CheckpointStore(storage)
+    store.publish(_ckpt(tmp_path, "a"), 0)
+    storage.put_bytes(keys.checkpoint_commit_key(0), b"[" * 200_000 + b"]" * 200_000)
+    with pytest.raises(CheckpointIntegrityError, match="COMMIT.json.*nested too deeply"):
+        store.get(0)

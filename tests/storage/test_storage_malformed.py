@@ -81,7 +81,7 @@ def test_non_finite_logprob_is_refused_on_write(position: int, value: float) -> 
 def test_negative_token_id_is_refused_on_write() -> None:
     bad = make_group("bad")
     bad.rows[0].input_ids[2] = -5
-    with pytest.raises(SchemaMismatchError, match="negative token id -5"):
+    with pytest.raises(SchemaMismatchError, match="token 2: negative token id -5"):
         groups_to_table([bad])
 
 

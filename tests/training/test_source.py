@@ -75,3 +75,31 @@ def test_a_waiting_collector_says_what_it_waits_for(caplog: pytest.LogCaptureFix
     waits = [r.getMessage() for r in caplog.records if "trainer waiting" in r.getMessage()]
     assert waits and "waiting for 1 more trajectory group(s) with head_version >= 4 (1/2 in hand)" in waits[0]
     assert "gives up after 1000 s" in waits[0]
+
+
+class FlakyReader(FakeReader):
+    """Raises on the calls listed in ``fail_on`` (0-based), like a storage read that outlasted retries."""
+
+    def __init__(self, items: list[tuple[str, int]], fail_on: set[int]) -> None:
+        super().__init__(items, visible=[])
+        self.fail_on, self.n = fail_on, 0
+
+    def take(self, n: int, *, min_head_version: int | None = None) -> FakeTake:
+        self.n += 1
+        if self.n - 1 in self.fail_on:
+            raise OSError("connection reset by peer")
+        return super().take(n, min_head_version=min_head_version)
+
+
+def test_transient_read_errors_are_retried() -> None:
+    reader = FlakyReader([("a", 0), ("b", 0)], fail_on={0, 1})
+    got = BatchCollector(reader, timeout_s=10, poll_interval_s=0.001).collect(2, min_head_version=None)
+    assert got is not None and got.groups == ["a", "b"] and reader.n == 3
+
+
+def test_persistent_read_errors_raise_trainer_error() -> None:
+    reader = FlakyReader([("a", 0)], fail_on=set(range(100)))
+    c = BatchCollector(reader, timeout_s=100, poll_interval_s=0.001, max_read_failures=3)
+    with pytest.raises(TrainerError, match="3 consecutive reads.*connection reset"):
+        c.collect(1, min_head_version=None)
+    assert reader.n == 3
