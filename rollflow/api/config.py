@@ -465,6 +465,17 @@ class InferenceConfig:
             " syscall), so a version published by another process is seen within it. 0 = off."
         ),
     )
+    update_pause_mode: str = field(
+        default="abort",
+        metadata=_help(
+            "How a weight update pauses a server (SGLang's /pause_generation mode). abort: in-flight "
+            "requests return their partial output and the client re-submits prompt + output so far (one "
+            "HTTP round trip and one prefill per interrupted request); retract: the server keeps them, "
+            "recomputes their KV cache under the new weights and continues (the same tokens and version "
+            "spans as abort, without the round trips); in_place: the server keeps them and their KV cache "
+            "from the old weights (cheapest; the tokens after the update attend to stale keys/values)."
+        ),
+    )
     initial_weight_version: str = field(
         default="0",
         metadata=_help(
@@ -515,6 +526,11 @@ class InferenceConfig:
         _check(self.max_retries >= 0, "inference.max_retries", "must be >= 0")
         _check(self.poll_interval_s > 0, "inference.poll_interval_s", "must be > 0")
         _check(self.local_poll_interval_s >= 0, "inference.local_poll_interval_s", "must be >= 0 (0 = off)")
+        _check(
+            self.update_pause_mode in ("abort", "retract", "in_place"),
+            "inference.update_pause_mode",
+            f"must be abort, retract or in_place, got {self.update_pause_mode!r}",
+        )
         _check(self.max_batch_size >= 1, "inference.max_batch_size", "must be >= 1")
         _check(0 <= self.base_port < 65536, "inference.base_port", "must be a port number or 0")
         _check(self.initial_weight_version != "", "inference.initial_weight_version", "must not be empty")

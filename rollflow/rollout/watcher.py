@@ -10,8 +10,9 @@ weights. Each poll, in this order:
    the servers keep generating**: in place on a local root (nothing copied), downloaded into the cache
    (hashing on the way) on S3, or always into the cache with ``in_place=False``;
 4. per server (in parallel): skip if ``/get_model_info`` already reports ``weight_version == str(N)``;
-   else ``/pause_generation {"mode": "abort"}`` (in-flight requests return their partial output; the client
-   resumes them), ``/update_weights_from_disk {"model_path": <verified dir>, "weight_version": "N"}``, and
+   else ``/pause_generation {"mode": pause_mode}`` (``inference.update_pause_mode``; with "abort" in-flight
+   requests return their partial output and the client resumes them, with "retract" the server keeps them
+   and recomputes their KV cache under the new weights), ``/update_weights_from_disk {"model_path": <verified dir>, "weight_version": "N"}``, and
    ``/continue_generation`` (always, also after a failed update);
 5. ``store.ack(N, server_id)`` for each server now serving N (a failed one's "loading" ack is retracted),
    then ``on_update(N)`` once all do.
@@ -77,6 +78,7 @@ from rollflow.api.sglang_protocol import (
     ROUTE_MODEL_INFO,
     ROUTE_PAUSE,
     ROUTE_UPDATE_WEIGHTS,
+    PauseMode,
     UpdateWeightFromDiskReqInput,
 )
 from rollflow.rollout.routing import control_call
@@ -144,6 +146,7 @@ class CheckpointWatcher:
         poll_interval_s: float = 1.0,
         local_poll_interval_s: float = 0.02,
         in_place: bool = True,
+        pause_mode: PauseMode = "abort",
         api_key: str | None = None,
         server_ids: Sequence[str] | None = None,
         on_update: Callable[[int], None] | None = None,
@@ -167,6 +170,7 @@ class CheckpointWatcher:
         self.poll_interval_s = poll_interval_s
         self.local_poll_interval_s = local_poll_interval_s
         self.in_place = in_place  # False: copy into cache_dir also on a local root (servers can't see it)
+        self.pause_mode: PauseMode = pause_mode  # /pause_generation mode around each update
         self.api_key = api_key
         self.on_update = on_update
         self.metrics: MetricsSink = metrics or NullSink()
@@ -207,14 +211,16 @@ class CheckpointWatcher:
         ack_ttl_s: float | None = None,
         on_fatal: Callable[[str], None] | None = None,
     ) -> CheckpointWatcher:
-        """``poll_interval_s``, ``local_poll_interval_s``, ``api_key``, ``weight_update_timeout_s`` and
-        ``dead_server_timeout_s`` from the ``inference`` section; ``ack_ttl_s`` is ``storage.ack_ttl_s``."""
+        """``poll_interval_s``, ``local_poll_interval_s``, ``update_pause_mode``, ``api_key``,
+        ``weight_update_timeout_s`` and ``dead_server_timeout_s`` from the ``inference`` section;
+        ``ack_ttl_s`` is ``storage.ack_ttl_s``."""
         return cls(
             store,
             servers,
             cache_dir=cache_dir,
             poll_interval_s=cfg.poll_interval_s,
             local_poll_interval_s=cfg.local_poll_interval_s,
+            pause_mode=cfg.update_pause_mode,  # type: ignore[arg-type]
             api_key=cfg.api_key,
             on_update=on_update,
             metrics=metrics,
@@ -337,7 +343,7 @@ class CheckpointWatcher:
             if isinstance(info, dict) and str(info.get("weight_version")) == str(v):
                 return "ok", 0.0, ""
             t0 = time.perf_counter()
-            control_call(addr, ROUTE_PAUSE, {"mode": "abort"}, **kw)
+            control_call(addr, ROUTE_PAUSE, {"mode": self.pause_mode}, **kw)
             try:
                 body = UpdateWeightFromDiskReqInput(model_path=str(local), weight_version=str(v)).to_json()
                 try:

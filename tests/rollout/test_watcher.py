@@ -85,7 +85,9 @@ def test_first_poll_acks_the_version_already_served(
     assert (w2.poll_interval_s, w2.request_timeout_s, w2.api_key) == (0.3, 9.0, "k")
 
 
+@pytest.mark.parametrize("pause_mode", ["abort", "retract"])
 def test_update_in_the_middle_of_a_long_generation(
+    pause_mode: str,
     server: Any,
     store: CheckpointStore,
     cache_dir: Path,
@@ -106,6 +108,7 @@ def test_update_in_the_middle_of_a_long_generation(
             poll_interval_s=0.05,
             on_update=client.set_version,
             metrics=sink,
+            pause_mode=pause_mode,  # type: ignore[arg-type]
         )
         w.poll_once()  # v0, already served
         w.start()
@@ -129,10 +132,14 @@ def test_update_in_the_middle_of_a_long_generation(
     r, w = asyncio.run(go())
     k = r.output_versions.index(1)
     assert 60 <= k < n_new and r.output_versions == [0] * k + [1] * (n_new - k)
-    assert len(r.output_ids) == n_new and r.n_interruptions >= 1 and r.finish_reason == "length"
+    assert len(r.output_ids) == n_new and r.finish_reason == "length"
+    # abort: the server returned the partial output and the client re-submitted it; retract: the server
+    # kept the request, recomputed its KV cache under the new weights and went on (no round trip).
+    assert r.n_interruptions >= 1 if pause_mode == "abort" else r.n_interruptions == 0
     ids = PROMPT + r.output_ids
     n_p = len(PROMPT)
-    # Up to k the old policy's greedy choices, after k the NEW policy's greedy continuation of prompt+prefix.
+    # Up to k the old policy's greedy choices, after k the NEW policy's greedy continuation of prompt+prefix
+    # (in both modes: retract recomputes the prefix's keys/values under the new weights).
     for model_dir, lo, hi in ((tiny_model_dir, n_p, n_p + k), (tiny_model_dir_b, n_p + k, len(ids))):
         logits = inference_lib.teacher_forced_logits(model_dir, ids)  # [T, V]
         for t in range(lo, hi):
