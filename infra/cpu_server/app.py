@@ -1,6 +1,6 @@
 """The CPU server's HTTP layer: SGLang 0.5.23's native routes over aiohttp, in front of ``engine.Engine``.
 
-What it is: request parsing and checking (with ``rollflow.api.sglang_protocol``), the pause gate (while
+What it is: request parsing and checking (with ``rollflow.rollout.sglang_protocol``), the pause gate (while
 paused, new ``/generate`` calls wait instead of failing), API-key auth (``Authorization: Bearer``; the
 ``/health*`` routes stay open as in SGLang, for probes), JSON error replies, and clean shutdown on
 SIGTERM/SIGINT (in-flight requests return their partial output with ``finish_reason`` abort).
@@ -34,7 +34,7 @@ from aiohttp import web
 from infra.cpu_server.engine import Engine, EngineConfig, Sequence
 from infra.cpu_server.weights import WeightLoadError, load_checked_weights, read_config
 from rollflow.api.errors import InvalidRequestError
-from rollflow.api.sglang_protocol import (
+from rollflow.rollout.sglang_protocol import (
     CONTINUE_OK,
     FLUSH_OK_TEXT,
     PAUSE_OK,

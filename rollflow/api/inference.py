@@ -5,7 +5,7 @@ depend on (``BatchInferenceClient`` when a client can batch a group's requests; 
 when it is there). A result carries, for every output token, the behaviour logprob and the policy version that
 produced it; a generation interrupted by a weight update is resumed transparently by the client, so one
 result may span several versions.
-What it is not: the HTTP wire format (``rollflow.api.sglang_protocol``) or a client implementation
+What it is not: the HTTP wire format (``rollflow.rollout.sglang_protocol``) or a client implementation
 (``rollflow.rollout.client``).
 """
 

@@ -1,8 +1,10 @@
 """The metrics sink: one small interface every loop reports through.
 
 What it is: ``MetricsSink`` (a one-method Protocol), ``InMemorySink`` for tests and notebooks, and
-``NullSink``. The MLflow sink lives with the orchestration code (tasks/), so the core never imports
-mlflow or prefect.
+``NullSink``. The MLflow sink is ``rollflow.tracking.mlflow_tracker.MlflowSink``, built by tasks/ and
+flows/ and handed to the loops as a ``MetricsSink``: ``rollflow/tracking/`` is the only package of
+rollflow that imports mlflow, and no module of rollflow imports prefect (``tests/test_layering.py``
+holds both).
 What it is not: aggregation or step bookkeeping; callers pass the step (a policy version or a counter).
 """
 

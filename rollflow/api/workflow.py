@@ -8,13 +8,15 @@ What it is not: the executor that schedules episodes (``rollflow.rollout.executo
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollflow.api.errors import WorkflowImportError
 from rollflow.api.inference import InferenceClient
-from storage.schema import TrajectoryGroup
+
+if TYPE_CHECKING:  # the trajectory types live in storage; the contract only names them
+    from storage.schema import TrajectoryGroup
 
 
 class RolloutWorkflow(ABC):
@@ -26,26 +28,28 @@ class RolloutWorkflow(ABC):
 
 
 def import_string(spec: str) -> Any:
-    """Resolve ``'pkg.module:Name'`` (or ``'pkg.module.Name'``) to the object it names."""
-    if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-    else:
-        module_name, _, attr = spec.rpartition(".")
-    if not module_name or not attr:
+    """Resolve ``'pkg.module:Name'`` (or ``'pkg.module.Name'``) to the object it names.
+
+    ``pkgutil.resolve_name`` with errors that say what failed. Light (stdlib only), so a reward worker
+    process can use it too.
+
+    Raises:
+        WorkflowImportError: not an import string, the module does not import, or no such attribute.
+    """
+    module_part, colon, attr = spec.partition(":")
+    if not module_part or (colon and not attr) or (not colon and "." not in spec):
         raise WorkflowImportError(f"{spec!r} is not an import string; write it as 'pkg.module:Name'")
     try:
-        module = importlib.import_module(module_name)
+        return pkgutil.resolve_name(spec)
+    except ValueError:
+        raise WorkflowImportError(
+            f"{spec!r} is not an import string; write it as 'pkg.module:Name'"
+        ) from None
     except ImportError as exc:
-        raise WorkflowImportError(f"cannot import module {module_name!r} from {spec!r}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise WorkflowImportError(
-                f"module {module_name!r} has no attribute {attr!r} (from {spec!r})"
-            ) from None
-    return obj
+        module = getattr(exc, "name", None) or module_part
+        raise WorkflowImportError(f"cannot import module {module!r} from {spec!r}: {exc}") from exc
+    except AttributeError as exc:
+        raise WorkflowImportError(f"{spec!r}: {exc}") from None
 
 
 def resolve_workflow(spec: RolloutWorkflow | type | str, **kwargs: Any) -> RolloutWorkflow:

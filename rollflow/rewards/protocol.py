@@ -23,12 +23,12 @@ What it is not: the runner (``rollflow.rewards.runner``) or any particular rewar
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from rollflow.api.errors import WorkflowImportError
+from rollflow.api.workflow import import_string
 
 MAX_ABS_REWARD = 1e6
 
@@ -61,26 +61,6 @@ class RewardFn(Protocol):
     """``fn(prompt, completion, answer, **data) -> float``."""
 
     def __call__(self, prompt: str, completion: str, answer: str, **data: Any) -> float: ...
-
-
-def import_string(spec: str) -> Any:
-    """Resolve ``"pkg.module:name"``. Like ``rollflow.api.workflow.import_string``, but light enough
-    for a reward worker process to import (that module pulls in storage and pyarrow)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise WorkflowImportError(f"{spec!r} is not an import string; write it as 'pkg.module:name'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise WorkflowImportError(f"cannot import module {module_name!r} from {spec!r}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise WorkflowImportError(
-                f"module {module_name!r} has no attribute {attr!r} (from {spec!r})"
-            ) from None
-    return obj
 
 
 def reward_fn_name(fn: Callable[..., float] | str) -> str:

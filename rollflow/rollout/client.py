@@ -55,7 +55,8 @@ from rollflow.api.errors import (
 )
 from rollflow.api.inference import GenerateRequest, GenerateResult, SamplingParams
 from rollflow.api.metrics import MetricsSink, NullSink
-from rollflow.api.sglang_protocol import (
+from rollflow.rollout.routing import ServerPool, auth_headers, base_url, control_call
+from rollflow.rollout.sglang_protocol import (
     ROUTE_ABORT,
     ROUTE_CONTINUE,
     ROUTE_GENERATE,
@@ -66,7 +67,6 @@ from rollflow.api.sglang_protocol import (
     error_message,
     parse_generate_response,
 )
-from rollflow.rollout.routing import ServerPool, auth_headers, base_url, control_call
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from rollflow.api.errors import InferenceError, InvalidRequestError, ServerUnavailableError
-from rollflow.api.sglang_protocol import error_message
+from rollflow.rollout.sglang_protocol import error_message
 
 
 def base_url(address: str) -> str:

@@ -73,7 +73,8 @@ from typing import Any, Literal, Protocol
 from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import InferenceError, ServerUnavailableError, WeightUpdateError
 from rollflow.api.metrics import MetricsSink, NullSink
-from rollflow.api.sglang_protocol import (
+from rollflow.rollout.routing import control_call
+from rollflow.rollout.sglang_protocol import (
     ROUTE_CONTINUE,
     ROUTE_MODEL_INFO,
     ROUTE_PAUSE,
@@ -81,7 +82,6 @@ from rollflow.api.sglang_protocol import (
     PauseMode,
     UpdateWeightFromDiskReqInput,
 )
-from rollflow.rollout.routing import control_call
 
 logger = logging.getLogger(__name__)
 

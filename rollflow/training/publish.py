@@ -30,38 +30,18 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
 from rollflow.api.errors import TrainerError
+from rollflow.api.stores import CheckpointSink
 from storage.transfer import FileDigest, hash_file, write_hashed
 
 logger = logging.getLogger(__name__)
 
 MAX_SHARD_SIZE = "5GB"
-
-
-class CheckpointSink(Protocol):
-    """The part of ``storage.checkpoints.CheckpointStore`` the publisher uses.
-
-    A sink with a ``hash_algo`` attribute (the real store) also takes ``digests=`` in ``publish``: the
-    size and digest of the files the publisher hashed while writing them.
-    """
-
-    def staging_dir(self, version: int) -> Path | None: ...
-
-    def publish(
-        self,
-        local_dir: str | Path,
-        version: int,
-        *,
-        step: int | None = None,
-        meta: dict[str, Any] | None = None,
-    ) -> Any: ...
-
-    def gc(self, keep_last: int) -> list[int]: ...
 
 
 def tied_aliases(model: torch.nn.Module) -> set[str]:

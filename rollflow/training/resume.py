@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rollflow.api.errors import TrainerError
+from rollflow.api.stores import ObjectStore
 from storage import keys
 
 logger = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def write_resume_point(
-    storage: Any,
+    storage: ObjectStore,
     point: ResumePoint,
     model_sd: dict[str, torch.Tensor],
     optim_sd: dict[str, Any],
@@ -189,7 +190,7 @@ def write_resume_point(
     return key
 
 
-def list_resume_steps(storage: Any) -> list[int]:
+def list_resume_steps(storage: ObjectStore) -> list[int]:
     """Steps of committed resume points (their JSON exists), ascending."""
     steps = []
     for k in storage.list(keys.TRAINER_DIR):
@@ -201,11 +202,11 @@ def list_resume_steps(storage: Any) -> list[int]:
     return sorted(steps)
 
 
-def read_resume_point(storage: Any, step: int) -> ResumePoint:
+def read_resume_point(storage: ObjectStore, step: int) -> ResumePoint:
     return ResumePoint.from_json(storage.get_json(keys.trainer_state_key(step)))
 
 
-def _blobs_present(storage: Any, point: ResumePoint) -> bool:
+def _blobs_present(storage: ObjectStore, point: ResumePoint) -> bool:
     blob_dir = keys.trainer_state_dir(point.step)
     for name, info in point.files.items():
         try:
@@ -216,7 +217,7 @@ def _blobs_present(storage: Any, point: ResumePoint) -> bool:
     return bool(point.files)
 
 
-def find_latest_resume_point(storage: Any) -> ResumePoint | None:
+def find_latest_resume_point(storage: ObjectStore) -> ResumePoint | None:
     """The newest resume point whose JSON parses and whose blobs exist with the recorded sizes."""
     for step in reversed(list_resume_steps(storage)):
         try:
@@ -231,7 +232,9 @@ def find_latest_resume_point(storage: Any) -> ResumePoint | None:
     return None
 
 
-def load_resume_blobs(storage: Any, point: ResumePoint) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def load_resume_blobs(
+    storage: ObjectStore, point: ResumePoint
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(model state dict, optimizer state dict), verified against the recorded sha256."""
     blob_dir = keys.trainer_state_dir(point.step)
     loaded: dict[str, dict[str, torch.Tensor]] = {}
@@ -249,7 +252,7 @@ def load_resume_blobs(storage: Any, point: ResumePoint) -> tuple[dict[str, torch
     return loaded[MODEL_BLOB], unflatten_optimizer_state(loaded[OPTIM_BLOB], point.optimizer_meta)
 
 
-def gc_resume_points(storage: Any, keep: int = 2) -> None:
+def gc_resume_points(storage: ObjectStore, keep: int = 2) -> None:
     """Delete all but the newest ``keep`` resume points (JSON first, so no JSON ever names missing blobs),
     and blob directories that no JSON names (left by a crash mid-write)."""
     steps = list_resume_steps(storage)

@@ -1,6 +1,6 @@
 """Waiting for exactly ``n`` fresh trajectory groups from committed shards.
 
-What it is: ``BatchCollector`` around a reader with ``take(n, min_head_version=...)`` (``storage``'s
+What it is: ``BatchCollector`` around a ``ShardSource`` (``rollflow.api.stores``: ``storage``'s
 ``ShardReader``, or a 10-line fake in tests). It polls until ``n`` groups that are fresh enough have
 arrived, oldest first, sleeping on the stop event between polls (never a busy loop). Stale groups
 (head_version < version - max_staleness) are consumed and dropped by the reader and counted here; the
@@ -23,17 +23,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from rollflow.api.errors import TrainerError
+from rollflow.api.stores import ShardSource
 
 logger = logging.getLogger(__name__)
-
-
-class GroupReader(Protocol):
-    """The part of ``storage.shards.ShardReader`` the trainer uses."""
-
-    def take(self, n_groups: int, *, min_head_version: int | None = None) -> Any: ...
 
 
 @dataclass
@@ -52,7 +47,7 @@ class BatchCollector:
 
     def __init__(
         self,
-        reader: GroupReader,
+        reader: ShardSource,
         *,
         timeout_s: float,
         poll_interval_s: float = 0.2,

@@ -43,6 +43,7 @@ import torch
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.metrics import MetricsSink, NullSink
+from rollflow.api.stores import ObjectStore
 from rollflow.training import distributed as D
 from rollflow.training.actor import PolicyActor
 from rollflow.training.batching import TrainBatch, build_batch
@@ -110,7 +111,7 @@ class Trainer:
     def __init__(
         self,
         cfg: ExperimentConfig,
-        storage: Any,
+        storage: ObjectStore,
         *,
         metrics: MetricsSink | None = None,
         stop_event: threading.Event | None = None,

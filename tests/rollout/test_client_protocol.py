@@ -1,11 +1,12 @@
-"""The SGLang wire format the client and the CPU server share (``rollflow.api.sglang_protocol``); no server."""
+"""The SGLang wire format the client and the CPU server share (``rollflow.rollout.sglang_protocol``); no server."""
 
 from __future__ import annotations
 
 import pytest
 
 from rollflow.api.errors import InvalidRequestError
-from rollflow.api.sglang_protocol import (
+from rollflow.rollout.client import SGLangClient
+from rollflow.rollout.sglang_protocol import (
     TOP_K_ALL,
     UpdateWeightFromDiskReqInput,
     WeightVersionSpan,
@@ -15,7 +16,6 @@ from rollflow.api.sglang_protocol import (
     parse_generate_response,
     token_versions_from_meta,
 )
-from rollflow.rollout.client import SGLangClient
 
 
 def test_sampling_params_are_normalised_like_sglang() -> None:
