@@ -316,3 +316,13 @@ def test_ascore_many_larger_than_the_pipe_buffer_is_sent_call_by_call() -> None:
             return await r.ascore_many("p", [big, big, "c"], "x")
 
     assert [o.score for o in asyncio.run(main())] == [float(len(big)), float(len(big)), 1.0]
+
+
+def test_a_batch_whose_worker_dies_once_gets_every_real_score(tmp_path: Path) -> None:
+    async def main() -> tuple[list[RewardOutcome], AsyncRewardRunner]:
+        async with AsyncRewardRunner(f"{FAKES}:dies_once_reward_fn", max_workers=1, timeout_s=30) as r:
+            return await r.ascore_many("p", ["a", "b", "c"], "x", marker=str(tmp_path / "died")), r
+
+    outs, r = asyncio.run(main())
+    assert outs == [RewardOutcome(1.0)] * 3  # the crash cost a retry, not a score
+    assert r.stats.infra_retries == 1 and r.stats.infra_failures == 0 and r.stats.calls == 3
