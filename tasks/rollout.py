@@ -7,7 +7,6 @@ returns the loop's summary (accepted/rejected groups, shards written, weight upd
 from __future__ import annotations
 
 import dataclasses
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ def rollout_loop(
     writer_name: str | None = None,
 ) -> dict[str, Any]:
     from rollflow.rollout.client import SGLangClient
-    from rollflow.rollout.loop import run_rollout_loop
+    from rollflow.rollout.loop import rollout_worker_id, run_rollout_loop
     from rollflow.rollout.watcher import CheckpointWatcher
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
@@ -50,7 +49,7 @@ def rollout_loop(
         metrics=sink,
     )
     watcher.start()
-    name = writer_name or f"rollout-{socket.gethostname()}"
+    name = writer_name or rollout_worker_id(_flow_run_id())  # unique per flow run, stable across retries
 
     async def run() -> Any:
         try:
@@ -84,3 +83,9 @@ def rollout_loop(
     out = dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)
     out["weight_updates"] = len(getattr(watcher, "events", []))
     return out
+
+
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    return flow_run.id or None
