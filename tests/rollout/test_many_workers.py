@@ -10,9 +10,11 @@ import asyncio
 import collections
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
-from test_loop import OneRowWorkflow, _cfg, _rows
+import pytest
+from test_loop import OneRowWorkflow, _arith_rows, _cfg, _rows, _tiny_rlvr
 
 from rollflow.api.inference import GenerateRequest, GenerateResult
 from rollflow.rollout.loop import run_rollout_loop
@@ -164,3 +166,108 @@ def test_a_dead_workers_prompts_are_adopted_once_after_its_lease(storage_spec) -
     assert alive.accepted == 4 and len(storage.list(CLAIM_DIR)) == 4  # adopted, not claimed anew
     groups = ShardReader(storage).take(100).groups
     assert sorted(collections.Counter(g.prompt_id for g in groups).values()) == [1, 1, 1, 1]
+
+
+@pytest.mark.slow
+def test_an_abort_across_a_weight_update_records_both_versions_with_two_writers(
+    inference_lib: Any, tiny_model_dir: Path, tiny_model_dir_b: Path, tmp_path: Path
+) -> None:
+    """Two workers generate long completions on one real CPU server; version 1 is published while both
+    have episodes in flight. The watcher pauses the server with abort, the clients resume the partial
+    outputs on the new weights, and each writer commits rows whose tokens come from both versions:
+    versions [0, ..., 0, 1, ..., 1] over the loss tokens, head 0, tail 1, and every token's logprob is
+    the one its own version's weights give (teacher-forced on the full prefix)."""
+    from rollflow.rollout.client import SGLangClient
+    from rollflow.rollout.watcher import CheckpointWatcher
+    from storage.checkpoints import CheckpointStore
+
+    storage = Storage.open(str(tmp_path / "store"), "exp", "t0", {})
+    store = CheckpointStore(storage)
+    with inference_lib.launch_cpu_servers(tiny_model_dir, 1) as servers:
+        clients = [SGLangClient(servers.addresses) for _ in range(2)]
+        watcher = CheckpointWatcher(
+            store, servers.addresses, cache_dir=tmp_path / "cache", poll_interval_s=0.1,
+            on_update=lambda v: [c.set_version(v) for c in clients],
+        )  # fmt: skip
+        running = {"a": 0, "b": 0}
+        stops = {n: threading.Event() for n in running}
+        out: dict[str, Any] = {}
+
+        def run(name: str, client: Any) -> None:
+            cfg = _cfg(max_staleness=100, max_concurrent_rollouts=2, group_size=2, claim_block_size=1)
+
+            def track(event: str, stat: Any, version: int) -> None:
+                running[name] = stat.running
+
+            try:
+                out[name] = asyncio.run(
+                    run_rollout_loop(
+                        cfg, storage, client, version_fn=client.get_version, stop_event=stops[name],
+                        workflow=_long_rlvr(tiny_model_dir), prompts=_arith_rows(40), listeners=[track],
+                        writer_name=name, poll_interval_s=0.05, done_poll_s=0.2,
+                    )
+                )  # fmt: skip
+            except BaseException as e:
+                out[name] = e
+
+        threads = [
+            threading.Thread(target=run, args=(n, c), daemon=True)
+            for n, c in zip(running, clients, strict=True)
+        ]
+        watcher.start()
+        for t in threads:
+            t.start()
+        try:
+            assert _until(lambda: all(r > 0 for r in running.values()))
+            time.sleep(0.3)  # both are generating
+            store.publish(tiny_model_dir_b, 1)
+            assert _until(lambda: all(c.get_version() == 1 for c in clients))
+            assert _until(lambda: _mixed_writers(storage) >= {"a", "b"}, timeout=120)
+        finally:
+            for s in stops.values():
+                s.set()
+            for t in threads:
+                t.join(60)
+            watcher.stop()
+            for c in clients:
+                asyncio.run(c.aclose())
+    assert all(not isinstance(v, BaseException) for v in out.values()), out
+    groups = ShardReader(storage).take(1000).groups
+    assert len({g.group_id for g in groups}) == len(groups)  # nothing twice
+    mixed = [r for g in groups for r in g.rows if len(_loss_versions(r)) > 1]
+    assert {r.writer.rsplit("-", 1)[0] for r in mixed} == {"a", "b"}
+    for r in mixed:
+        start = r.loss_mask.index(1)
+        gen = r.versions[start:]
+        k = gen.index(1)
+        assert gen == [0] * k + [1] * (len(gen) - k) and (r.head_version, r.tail_version) == (0, 1)
+        ref = {
+            0: inference_lib.teacher_forced_logprobs(tiny_model_dir, r.input_ids, start),
+            1: inference_lib.teacher_forced_logprobs(tiny_model_dir_b, r.input_ids, start),
+        }
+        got = r.logprobs[start:]
+        assert max(abs(got[t] - ref[v][t]) for t, v in enumerate(gen)) < 1e-3
+
+
+def _loss_versions(row: Any) -> set[int]:
+    return {v for v, m in zip(row.versions, row.loss_mask, strict=True) if m}
+
+
+def _mixed_writers(storage: Storage) -> set[str]:
+    """Worker names that committed a row with tokens from two versions (a fresh reader every call)."""
+    names = set()
+    for g in ShardReader(storage).take(1000).groups:
+        for r in g.rows:
+            if len(_loss_versions(r)) > 1:
+                names.add(r.writer.rsplit("-", 1)[0])
+    return names
+
+
+def _long_rlvr(model_dir: Path) -> Any:
+    """The test_loop workflow, generating 300 tokens per sample regardless of EOS (long enough to be
+    interrupted by a weight update)."""
+    from rollflow.api.inference import SamplingParams
+
+    wf = _tiny_rlvr(model_dir, group_size=2, max_new_tokens=300)
+    wf.sampling = SamplingParams(max_new_tokens=300, temperature=1.0, ignore_eos=True)
+    return wf
