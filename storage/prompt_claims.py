@@ -6,8 +6,8 @@ per epoch and one staleness bound. The prompts of all epochs form one stream of 
 with an exclusive put, so exactly one worker owns each block:
 
 ```
-rollout/claims/{b // 1000:06d}/{b:010d}.json     {"block", "worker", "name", "claimed_at"}
-rollout/takeovers/{b:010d}-{gen:03d}.json        block b adopted for generation gen (exclusive)
+prompts/claims/{b // 1000:06d}/{b:010d}.json     {"block", "worker", "name", "claimed_at"}
+prompts/takeovers/{b:010d}-{gen:03d}.json        block b adopted for generation gen (exclusive)
 ```
 
 Workers claim the lowest unclaimed block (they learn it from a conflict or a listing), so claims are
@@ -18,6 +18,9 @@ A dead worker's unfinished positions are adopted, not re-claimed: its blocks sta
 first worker whose exclusive put of ``takeovers/{b}-{gen+1}`` succeeds runs what was left open, so
 no capacity is counted twice and no two workers adopt the same block.
 
+The keys live under `prompts/`, not `rollout/`, so a worker's listing of the state files under
+`rollout/` stays one small LIST however many blocks a run claims.
+
 What it is not: liveness (workers' heartbeats are their state files, read by the loop) or the data
 order (the prompt source maps positions to rows).
 """
@@ -25,34 +28,27 @@ order (the prompt source maps positions to rows).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from storage.errors import CommitConflictError
 from storage.fs import Storage
 
-CLAIM_DIR = "rollout/claims"
-TAKEOVER_DIR = "rollout/takeovers"
+CLAIM_DIR = "prompts/claims"
+TAKEOVER_DIR = "prompts/takeovers"
 _PER_DIR = 1000
 
 
 def claim_key(block: int) -> str:
-    """`rollout/claims/{block // 1000:06d}/{block:010d}.json`."""
+    """`prompts/claims/{block // 1000:06d}/{block:010d}.json`."""
     if isinstance(block, bool) or not isinstance(block, int) or block < 0:
         raise ValueError(f"block must be an int >= 0, got {block!r}")
     return f"{CLAIM_DIR}/{block // _PER_DIR:06d}/{block:010d}.json"
 
 
 def takeover_key(block: int, gen: int) -> str:
-    """`rollout/takeovers/{block:010d}-{gen:03d}.json`."""
+    """`prompts/takeovers/{block:010d}-{gen:03d}.json`."""
     if block < 0 or gen < 1:
         raise ValueError(f"takeover needs block >= 0 and gen >= 1, got {block}, {gen}")
     return f"{TAKEOVER_DIR}/{block:010d}-{gen:03d}.json"
-
-
-@dataclass(frozen=True)
-class Claim:
-    block: int
-    worker: str
 
 
 class ClaimLog:
@@ -92,13 +88,6 @@ class ClaimLog:
             return False
         self._next = max(self._next or 0, block + 1)
         return True
-
-    def owner(self, block: int) -> Claim | None:
-        try:
-            doc = self.storage.get_json(claim_key(block))
-        except FileNotFoundError:
-            return None
-        return Claim(int(doc["block"]), str(doc["worker"]))
 
     def try_take_over(self, block: int, gen: int, worker: str) -> bool:
         """Adopt ``block`` for generation ``gen`` (>= 1); False if another worker did first."""
