@@ -10,21 +10,13 @@ import time
 from typing import Any
 
 from test_loop import FakeClient, OneRowWorkflow, _cfg, _rows
+from test_many_workers import _until
 
 from rollflow.rollout.loop import run_rollout_loop
 from storage import keys
 from storage.fs import Storage
 from storage.group_ledger import GroupLedger
 from storage.shard_reader import ShardReader
-
-
-def _until(cond: Any, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _loop(storage: Storage, stop: threading.Event, name: str = "w") -> Any:
