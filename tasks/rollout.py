@@ -13,7 +13,6 @@ a ``ServerLostError`` says which servers died and why.
 from __future__ import annotations
 
 import dataclasses
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -62,7 +61,7 @@ def rollout_loop(
     fleet: Any = None,
 ) -> dict[str, Any]:
     from rollflow.rollout.client import SGLangClient
-    from rollflow.rollout.loop import run_rollout_loop
+    from rollflow.rollout.loop import rollout_worker_id, run_rollout_loop
     from rollflow.rollout.watcher import CheckpointWatcher
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
@@ -93,7 +92,7 @@ def rollout_loop(
     if supervisor is not None:
         supervisor.add_listener(link)
     watcher.start()
-    name = writer_name or f"rollout-{socket.gethostname()}"
+    name = writer_name or rollout_worker_id(_flow_run_id())  # unique per flow run, stable across retries
 
     async def run() -> Any:
         try:
@@ -137,3 +136,9 @@ def rollout_loop(
     if done is None and stop_event.is_set():  # stopped from outside before the trainer finished
         return interrupted(out, "rollout stopped before the trainer finished")
     return out
+
+
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    return flow_run.id or None

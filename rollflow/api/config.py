@@ -370,6 +370,21 @@ class RolloutConfig:
             "counted as rollout/rejected_filtered. Applied before should_accept_fn when both are set."
         ),
     )
+    claim_block_size: int = field(
+        default=4,
+        metadata=_help(
+            "Prompts a rollout worker claims at once in storage (one exclusive put per block); capped "
+            "at train.batch_size. Larger blocks mean fewer requests; a held block's unstarted prompts "
+            "count against the staleness bound."
+        ),
+    )
+    worker_lease_s: float = field(
+        default=60.0,
+        metadata=_help(
+            "A rollout worker whose state file is older than this is dead: other workers adopt its "
+            "unfinished prompts. Keep it well above shard_flush_seconds and clock skew between hosts."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1 (GRPO needs >= 2 to learn)")
@@ -394,6 +409,8 @@ class RolloutConfig:
                 "rollout.should_accept_fn",
                 "must look like 'pkg.module:function' or be null",
             )
+        _check(self.claim_block_size >= 1, "rollout.claim_block_size", "must be >= 1")
+        _check(self.worker_lease_s > 0, "rollout.worker_lease_s", "must be > 0")
 
 
 @dataclass

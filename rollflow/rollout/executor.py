@@ -162,7 +162,7 @@ class WorkflowExecutor:
         self._inputs: collections.deque[tuple[Hashable, dict[str, Any], asyncio.Future | None]] = (
             collections.deque()
         )
-        self._source: Iterator[tuple[Hashable, dict[str, Any]]] | None = None
+        self._source: Iterator[tuple[Hashable, dict[str, Any]] | None] | None = None
         self._tasks: dict[asyncio.Task[TrajectoryGroup | None], _Episode] = {}
         # Writer calls run in this one thread, in order; _buffered holds (add seq, key) not yet committed.
         self._io: ThreadPoolExecutor | None = None
@@ -242,8 +242,11 @@ class WorkflowExecutor:
 
     # --- feeding and collecting (async, on the loop) ---------------------------------------------------
 
-    def feed(self, source: Iterator[tuple[Hashable, dict[str, Any]]]) -> None:
-        """Pull ``(key, row)`` pairs from ``source`` whenever capacity allows (after submitted rows)."""
+    def feed(self, source: Iterator[tuple[Hashable, dict[str, Any]] | None]) -> None:
+        """Pull ``(key, row)`` pairs from ``source`` whenever capacity allows (after submitted rows).
+
+        A ``None`` from ``source`` means "nothing may start now": the executor asks again on a later tick.
+        """
         self._source = source
         self._poke()
 
@@ -407,10 +410,13 @@ class WorkflowExecutor:
         if self._source is None:
             return None
         try:
-            key, data = next(self._source)
+            item = next(self._source)
         except StopIteration:
             self._source = None
             return None
+        if item is None:  # the source has nothing that may start now; ask again on a later tick
+            return None
+        key, data = item
         self.staleness.on_rollout_enqueued()
         return key, data, None
 

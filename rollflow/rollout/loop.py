@@ -4,19 +4,28 @@ What it is: ``run_rollout_loop(cfg, storage, client, ...)``, one coroutine that
 1. loads the train split and checks every row where it enters (``dataset.on_bad_row``: raise a
    ``DatasetRowError`` naming the row and field, or skip and count);
 2. restores its accounting from storage (``GroupLedger``): every writer's committed groups and the
-   credited ones (dropped stale or quarantined by the trainer), never 0 after a restart (AReaL #1388);
-   the data cursor and the episodes that were in flight from ``rollout/state-{name}.json``;
-3. runs episodes through the executor under the staleness capacity, writing accepted groups as shards;
-   after every shard commit it persists ``{epoch, position, open, accepted, rejected, failed}``; every
-   ``done_poll_s`` it re-reads the ledger, so the bound is global: other writers' commits count, and
-   groups that will never be trained (stale, quarantined, evicted by the writer) are credited back;
-4. stops on the trainer's done marker (``trainer/DONE.json``), ``stop_event``, ``rollout.max_groups``,
+   credited ones (dropped stale or quarantined by the trainer), never 0 after a restart (AReaL #1388),
+   and adopts the prompt blocks its earlier life left unfinished (``rollout/state-{name}.json``);
+3. runs episodes through the executor under the staleness capacity, on prompts it claims block by
+   block in storage (``ClaimedPrompts``: each prompt goes to exactly one worker per epoch, and a block
+   is claimed only if the trial's global bound allows it), writing accepted groups as shards;
+4. after every shard commit, every claim and every ``done_poll_s`` it persists its state (held blocks
+   and their open prompts, counters, ``released`` = rejected + failed + evicted): the heartbeat other
+   workers read. On the same tick it re-reads the ledger and the other workers' state files: their
+   releases enter the bound, and the blocks of a worker silent for ``rollout.worker_lease_s`` are
+   adopted (one exclusive put per block decides who runs them);
+5. stops on the trainer's done marker (``trainer/DONE.json``), ``stop_event``, ``rollout.max_groups``,
    or after ``rollout.max_epochs`` passes, and returns a ``RolloutSummary``.
 
+``writer_name`` is the worker's stable id: its state file is ``rollout/state-{writer_name}.json`` and a
+restart with the same name continues its blocks; two live workers must never share one (the Prefect task
+derives it from the flow run). Shard keys carry an extra random suffix per process, so a restarted
+worker never reuses a key and counts only its own commits.
+
 The data order: epoch e visits the rows in a permutation seeded by ``(cfg.seed, e)``; a prompt's key is
-``(epoch, position)``. Episodes that were running or uncommitted at a crash (``open`` in the state) are
-re-run first after a restart; an episode whose group committed just before a crash, in the window
-before the state put, may run twice (at most one shard's worth).
+its global position ``e * N + position``. An episode whose group committed just before a crash, in the
+window before the state put, may run twice (at most one shard's worth); a block claimed just before a
+crash, before the state put, is never run (its prompts are skipped for that epoch).
 
 What it is not: the checkpoint watcher or the servers (the caller starts them and passes ``version_fn``,
 usually ``client.get_version``); the Prefect task (``tasks/rollout.py``) is a thin adapter over this.
@@ -27,8 +36,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import random
+import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,19 +52,20 @@ from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.workflow import RolloutWorkflow, import_string, resolve_workflow
 from rollflow.rollout.executor import WorkflowExecutor
 from rollflow.rollout.filters import build_should_accept
+from rollflow.rollout.prompt_source import ClaimedPrompts
 from rollflow.rollout.staleness import StalenessListener, StalenessManager
 from rollflow.rollout.supply import bounded_supply_warning
 from storage import keys
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
 from storage.group_ledger import GroupLedger, LedgerView
+from storage.prompt_claims import ClaimLog
 from storage.shard_writer import ShardWriter
 
 logger = logging.getLogger(__name__)
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2  # format 1 (one writer, no claims) is read as "nothing to adopt"
 StopReason = Literal["done", "stop_event", "limit", "epochs"]
-Key = tuple[int, int]  # (epoch, position in that epoch's permutation)
 
 
 @dataclass
@@ -118,57 +129,16 @@ def checked_rows(
     return good, bad
 
 
-class PromptCursor:
-    """Iterator of ``((epoch, position), row)``: first the replayed keys, then epoch by epoch."""
-
-    def __init__(
-        self,
-        rows: Sequence[dict],
-        *,
-        seed: int,
-        max_epochs: int | None,
-        epoch: int = 0,
-        position: int = 0,
-        replay: Sequence[Key] = (),
-    ) -> None:
-        self.rows = rows
-        self.seed = seed
-        self.max_epochs = max_epochs
-        self.epoch = epoch
-        self.position = position
-        self._replay = list(replay)
-        self._order = self._permutation(epoch)
-
-    def _permutation(self, epoch: int) -> list[int]:
-        order = list(range(len(self.rows)))
-        random.Random(f"{self.seed}-{epoch}").shuffle(order)
-        return order
-
-    @property
-    def exhausted(self) -> bool:
-        """Nothing left to hand out (only with ``max_epochs``)."""
-        if self._replay or self.max_epochs is None:
-            return False
-        at_end = self.position >= len(self.rows)
-        return self.epoch >= self.max_epochs or (at_end and self.epoch + 1 >= self.max_epochs)
-
-    def __iter__(self) -> PromptCursor:
-        return self
-
-    def __next__(self) -> tuple[Key, dict]:
-        while self._replay:
-            epoch, pos = self._replay.pop(0)
-            if 0 <= pos < len(self.rows):
-                order = self._order if epoch == self.epoch else self._permutation(epoch)
-                return (epoch, pos), self.rows[order[pos]]
-        if self.position >= len(self.rows):
-            self.epoch, self.position = self.epoch + 1, 0
-            self._order = self._permutation(self.epoch)
-        if self.max_epochs is not None and self.epoch >= self.max_epochs:
-            raise StopIteration
-        key = (self.epoch, self.position)
-        self.position += 1
-        return key, self.rows[self._order[key[1]]]
+def rollout_worker_id(run_id: str | None = None) -> str:
+    """A worker id for ``writer_name``: ``rollout-{run id}`` (stable across retries of one flow run), else
+    ``$ROLLFLOW_WORKER_ID``, else ``rollout-{host}-{pid}`` (unique on a host, but new after a restart)."""
+    if run_id:
+        return keys.check_name(f"rollout-{run_id.replace('-', '')[:16]}", "worker id")
+    env = os.environ.get("ROLLFLOW_WORKER_ID")
+    if env:
+        return keys.check_name(env, "ROLLFLOW_WORKER_ID")
+    host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:64] or "host"
+    return f"rollout-{host}-{os.getpid()}"
 
 
 # --- building from config -----------------------------------------------------------------------------
@@ -255,27 +225,6 @@ async def run_rollout_loop(
         listeners=listeners,
     )
     staleness.restore(accepted=committed, credited=view.credited, rejected=int(state.get("rejected", 0)))
-    replay = [tuple(k) for k in state.get("open", [])]
-    cursor = PromptCursor(
-        rows,
-        seed=cfg.seed,
-        max_epochs=cfg.rollout.max_epochs,
-        epoch=int(state.get("epoch", 0)),
-        position=int(state.get("position", 0)),
-        replay=replay,  # type: ignore[arg-type]
-    )
-    logger.info(
-        "rollout %s starts: %d rows (%d bad), %d groups committed (%d credited), epoch %d position %d, "
-        "%d to replay",
-        writer_name,
-        len(rows),
-        bad_rows,
-        committed,
-        view.credited,
-        cursor.epoch,
-        cursor.position,
-        len(replay),
-    )
 
     owns_workflow = workflow is None
     if workflow is None:
@@ -288,27 +237,98 @@ async def run_rollout_loop(
         on_evict=staleness.on_evicted,
     )
     failed_before = int(state.get("failed", 0))
+    released_before = int(state.get("released", 0))
+    shared = {"others_released": 0, "credited": view.credited}  # storage's view, refreshed by sync()
+    claims = ClaimLog(storage)
+    executor: WorkflowExecutor | None = None
+
+    def own_released() -> int:
+        st = executor.stats if executor is not None else None
+        done_here = 0 if st is None else st.n_rejected + st.failed
+        return released_before + done_here + writer.stats["evicted"]
+
+    def fits(reserved: int) -> bool:
+        released = shared["others_released"] + own_released()
+        return reserved - released - shared["credited"] <= staleness.max_samples(int(version_fn()))
 
     def state_doc(ex: WorkflowExecutor) -> dict[str, Any]:
         s = staleness.stat
+        nxt = 0 if source.last is None else source.last + 1
         return {
             "format": STATE_FORMAT,
             "writer": writer_name,
-            "epoch": cursor.epoch,
-            "position": cursor.position,
-            "open": sorted([list(k) for k in ex.open_keys()]),  # type: ignore[arg-type]
+            "incarnation": writer.writer_id,
+            "epoch": nxt // len(rows),
+            "position": nxt % len(rows),
+            "blocks": source.held_state(set(ex.open_keys())),
             "accepted": s.accepted,
             "rejected": s.rejected - ex.stats.failed - ex.stats.cancelled,
             "failed": failed_before + ex.stats.failed,
+            "released": own_released(),
             "updated_at": time.time(),
         }
 
-    def sync() -> LedgerView:  # worker thread
+    def on_claim() -> None:  # loop thread, inside the executor's next(): record the block before use
+        assert executor is not None
+        storage.put_json(state_key, state_doc(executor))
+
+    source = ClaimedPrompts(
+        rows,
+        seed=cfg.seed,
+        max_epochs=cfg.rollout.max_epochs,
+        claims=claims,
+        block_size=min(cfg.rollout.claim_block_size, cfg.train.batch_size),
+        worker=writer.writer_id,
+        name=writer_name,
+        fits=fits,
+        on_claim=on_claim,
+    )
+    tried: set[tuple[int, int]] = set()
+
+    def adopt_blocks(blocks: dict[str, Any]) -> None:
+        for b, info in blocks.items():
+            block, gen = int(b), int(info["gen"]) + 1
+            if (block, gen) in tried:
+                continue
+            tried.add((block, gen))
+            if claims.try_take_over(block, gen, writer.writer_id):
+                source.adopt(block, gen, [int(p) for p in info["open"]])
+
+    await asyncio.to_thread(adopt_blocks, state.get("blocks", {}))  # this worker's earlier life
+    logger.info(
+        "rollout %s (%s) starts: %d rows (%d bad), %d groups committed (%d credited), next block %d, "
+        "%d block(s) adopted",
+        writer_name,
+        writer.writer_id,
+        len(rows),
+        bad_rows,
+        committed,
+        view.credited,
+        claims.next_block(),
+        source.adopted,
+    )
+
+    def sync() -> None:  # worker thread: storage's view, other workers' releases, dead workers' blocks
         v = ledger.refresh()
         staleness.sync(
             accepted=v.accepted, credited=v.credited, own_visible=v.writer_groups(writer.writer_id)
         )
-        return v
+        others = 0
+        now = time.time()
+        for key in storage.list(keys.ROLLOUT_DIR):
+            name = key.rsplit("/", 1)[-1]
+            if key == state_key or not (name.startswith("state-") and name.endswith(".json")):
+                continue
+            try:
+                doc = storage.get_json(key)
+            except (FileNotFoundError, ValueError):
+                continue
+            if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+                continue
+            others += int(doc.get("released", 0))
+            if now - float(doc.get("updated_at", now)) > cfg.rollout.worker_lease_s:
+                adopt_blocks(doc.get("blocks", {}))
+        shared["others_released"], shared["credited"] = others, v.credited
 
     def on_flush(ex: WorkflowExecutor) -> None:  # loop thread, right after a commit
         ex.submit_io(storage.put_json, state_key, state_doc(ex))
@@ -323,11 +343,12 @@ async def run_rollout_loop(
         max_failure_rate=cfg.rollout.max_failure_rate,
         on_flush=on_flush,
     )
+    await asyncio.to_thread(sync)
     done_store = CheckpointStore(storage)
     stopped_by: StopReason | None = None
     try:
         async with executor:
-            executor.feed(cursor)
+            executor.feed(source)
             last_metrics = time.monotonic()
             last_done = last_metrics - done_poll_s  # look for the done marker on the first tick
             while stopped_by is None:
@@ -340,7 +361,7 @@ async def run_rollout_loop(
                     cfg.rollout.max_groups is not None and staleness.accepted_total >= cfg.rollout.max_groups
                 ):
                     stopped_by = "limit"
-                elif cursor.exhausted and executor.n_running == 0:
+                elif executor.n_running == 0 and await asyncio.to_thread(lambda: source.exhausted):
                     stopped_by = "epochs"
                 elif now - last_done >= done_poll_s:
                     last_done = now
@@ -348,6 +369,8 @@ async def run_rollout_loop(
                         stopped_by = "done"
                     else:
                         await asyncio.to_thread(sync)
+                        doc = state_doc(executor)  # the heartbeat other workers read
+                        await asyncio.to_thread(storage.put_json, state_key, doc)
                 if now - last_metrics >= metrics_interval_s:
                     last_metrics = now
                     _log_metrics(metrics, executor, staleness, workflow, version_fn())
@@ -369,8 +392,8 @@ async def run_rollout_loop(
         rejected=st.n_rejected,
         failed=st.failed,
         total_accepted=_own_groups(final, writer_name),
-        epoch=cursor.epoch,
-        position=cursor.position,
+        epoch=state_doc(executor)["epoch"],
+        position=state_doc(executor)["position"],
         tokens=st.tokens,
         tokens_per_s=st.tokens / max(elapsed, 1e-9),
         elapsed_s=elapsed,
@@ -393,6 +416,8 @@ def _load_state(storage: Storage, key: str) -> dict[str, Any]:
         doc = storage.get_json(key)
     except FileNotFoundError:
         return {}
+    if isinstance(doc, dict) and doc.get("format") == 1:
+        return {k: doc[k] for k in ("rejected", "failed") if k in doc}
     if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
         raise ValueError(f"rollout state {key} has an unknown format; delete it to start the data over")
     return doc

@@ -6,14 +6,15 @@ one prompt is one ``TrajectoryGroup``, and ``consumer_batch_size`` is the traine
 
     max_samples(v) = (max_staleness + v + 1) * consumer_batch_size
     capacity(v)    = min(max_concurrent - running,  max_samples(v) - (live + running))
-    live           = (accepted_G - credited_G) + others_inflight + (accepted_local - evicted - own_visible)
+    live           = (accepted_G - credited_G) + (accepted_local - evicted - own_visible)
 
 ``accepted_G`` and ``credited_G`` are read from storage by ``sync`` (every writer's committed groups,
 and the groups of them that will never be trained: dropped stale by the trainer or quarantined);
 ``own_visible`` is how many of this process's accepted groups that snapshot already holds, so the last
 term is this process's accepted groups not yet visible in storage (buffered, or committed after the
-snapshot), less those the shard writer evicted as invalid; ``others_inflight`` is what the other live
-workers report running or buffered. With one writer and no credits ``live`` is just ``accepted``.
+snapshot), less those the shard writer evicted as invalid. With one writer and no credits ``live`` is
+just ``accepted``. Other workers' running episodes are not seen here: with many workers the exact global
+rule is the prompt claim gate (``rollflow.rollout.prompt_source``), and this one stays the local check.
 
 Why the second term bounds staleness: the trainer at version ``v`` has consumed ``v * B`` groups and
 consumes oldest first, so a group that is among the first ``max_samples(v)`` ever produced is consumed
@@ -98,7 +99,6 @@ class StalenessManager:
         self._global_accepted = 0
         self._global_credited = 0
         self._own_visible = 0
-        self._others_inflight = 0
         self._evicted = 0
 
     # --- reading ---------------------------------------------------------------------------------------
@@ -158,12 +158,7 @@ class StalenessManager:
         return max(0, self._stat.accepted - self._restored - self._evicted - self._own_visible)
 
     def _live_locked(self) -> int:
-        return (
-            self._global_accepted
-            - self._global_credited
-            + self._others_inflight
-            + self._local_unseen_locked()
-        )
+        return self._global_accepted - self._global_credited + self._local_unseen_locked()
 
     def _capacity_locked(self, v: int) -> int:
         s = self._stat
@@ -232,22 +227,21 @@ class StalenessManager:
             self._evicted += n
         logger.info("%d evicted group(s) credited back to the staleness capacity", n)
 
-    def sync(self, *, accepted: int, credited: int, own_visible: int, others_inflight: int = 0) -> None:
+    def sync(self, *, accepted: int, credited: int, own_visible: int) -> None:
         """Take storage's view: ``accepted`` groups committed by all writers, ``credited`` of them never
-        to be trained, ``own_visible`` of this process's accepted groups among them, and
-        ``others_inflight`` running or buffered in other live workers. Read credits before commits, so
-        every credited group is among the counted ones and ``accepted - credited`` never undercounts.
+        to be trained, and ``own_visible`` of this process's accepted groups among them. Read credits
+        before commits, so every credited group is among the counted ones and ``accepted - credited``
+        never undercounts.
         """
-        if min(accepted, credited, own_visible, others_inflight) < 0 or credited > accepted:
+        if min(accepted, credited, own_visible) < 0 or credited > accepted:
             raise ValueError(
                 f"sync needs 0 <= credited <= accepted and counts >= 0, got accepted={accepted} "
-                f"credited={credited} own_visible={own_visible} others_inflight={others_inflight}"
+                f"credited={credited} own_visible={own_visible}"
             )
         with self._lock:
             self._global_accepted = accepted
             self._global_credited = credited
             self._own_visible = own_visible
-            self._others_inflight = others_inflight
 
     def try_submit(self, version: int | None = None) -> bool:
         """Atomically: if capacity > 0, count one submitted episode and return True; else False."""
@@ -262,9 +256,7 @@ class StalenessManager:
         self._emit("submitted", new, v)
         return True
 
-    def restore(
-        self, *, accepted: int, rejected: int = 0, credited: int = 0, others_inflight: int = 0
-    ) -> None:
+    def restore(self, *, accepted: int, rejected: int = 0, credited: int = 0) -> None:
         """Seed the counters after a restart from what storage shows (never reset to 0, bug #1388).
 
         ``accepted``: groups already committed by this trial's writers; ``credited``: how many of them
@@ -290,7 +282,6 @@ class StalenessManager:
             )
             self._restored = self._global_accepted = accepted
             self._global_credited, self._own_visible, self._evicted = credited, 0, 0
-            self._others_inflight = others_inflight
             new, version = self._stat, self._last_version
         logger.info(
             "staleness counters restored: accepted=%d credited=%d rejected=%d", accepted, credited, rejected

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from test_loop import FakeClient, OneRowWorkflow, _cfg, _rows
+from test_many_workers import _until
 
 from rollflow.rollout.loop import run_rollout_loop
 from storage import keys
@@ -18,17 +19,8 @@ from storage.group_ledger import GroupLedger
 from storage.shard_reader import ShardReader
 
 
-def _until(cond: Any, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def _loop(storage: Storage, stop: threading.Event, name: str = "w") -> Any:
-    cfg = _cfg(max_staleness=0)  # B = 4, flush every 2 groups
+    cfg = _cfg(max_staleness=0, claim_block_size=2)  # B = 4, flush every 2 groups, claim 2 prompts at once
     return asyncio.run(
         run_rollout_loop(
             cfg, storage, FakeClient(), prompts=_rows(50), workflow=OneRowWorkflow(), stop_event=stop,
@@ -50,9 +42,12 @@ def _quarantine_first_shard(storage: Storage) -> int:
 def test_quarantined_shard_reopens_capacity_with_max_staleness_0(storage: Storage) -> None:
     """B = 4, max_staleness = 0, servers at version 0: room = (0 + 0 + 1) * 4 - live.
 
-    1. The loop fills the room: 4 groups, 2 shards of 2. live 4 -> room 0; it stalls.
+    Prompt blocks of 2: block b may be claimed if (b + 1) * 2 - released - credited <= 4.
+
+    1. The loop fills the room: blocks 0, 1 -> 4 groups, 2 shards of 2. Block 2: 6 - 0 > 4; it stalls.
     2. The "trainer" quarantines shard 1 (2 groups) and takes the other 2 (they are trained).
-       credited 2 -> live 4 - 2 = 2 -> room 2: the running loop makes exactly 2 more (6 on disk).
+       credited 2 -> block 2: 6 - 2 = 4 <= 4: the running loop makes exactly 2 more (6 on disk);
+       block 3: 8 - 2 = 6 > 4.
     3. Restart: the ledger restores accepted 6, credited 2 -> live 4 -> room 0: nothing more.
        Without the credit a restart would see live 6 and room -2.
     """

@@ -21,11 +21,13 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import DatasetRowError, RolloutFailureError
 from rollflow.api.inference import GenerateRequest, GenerateResult, SamplingParams
 from rollflow.api.workflow import RolloutWorkflow
-from rollflow.rollout.loop import PromptCursor, build_workflow, check_row, run_rollout_loop
+from rollflow.rollout.loop import build_workflow, check_row, run_rollout_loop
+from rollflow.rollout.prompt_source import ClaimedPrompts
 from rollflow.workflows.rlvr import RLVRWorkflow
 from storage import keys
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
+from storage.prompt_claims import ClaimLog
 from storage.schema import TrajectoryGroup, TrajectoryRow
 from storage.shard_reader import ShardReader
 
@@ -97,19 +99,19 @@ def _committed_prompts(storage: Storage) -> collections.Counter[str]:
     return collections.Counter(g.prompt_id for g in groups)
 
 
-def test_prompt_cursor_is_a_seeded_permutation_per_epoch() -> None:
+def test_claimed_prompts_are_a_seeded_permutation_per_epoch(storage: Storage) -> None:
     rows = _rows(5)
-    cur = PromptCursor(rows, seed=3, max_epochs=2)
-    got = list(cur)
-    assert [k for k, _ in got] == [(e, p) for e in range(2) for p in range(5)]
-    epoch0 = [r["prompt_id"] for (e, _), r in got if e == 0]
-    epoch1 = [r["prompt_id"] for (e, _), r in got if e == 1]
+    src = ClaimedPrompts(
+        rows, seed=3, max_epochs=2, claims=ClaimLog(storage), block_size=2, worker="w-1", name="w",
+        fits=lambda reserved: True,
+    )  # fmt: skip
+    got = list(src)
+    assert [p for p, _ in got] == list(range(10))  # global positions: epoch * 5 + position
+    epoch0 = [r["prompt_id"] for p, r in got if p < 5]
+    epoch1 = [r["prompt_id"] for p, r in got if p >= 5]
     assert sorted(epoch0) == sorted(epoch1) == [f"p{i}" for i in range(5)]
-    assert epoch0 == [r["prompt_id"] for _, r in PromptCursor(rows, seed=3, max_epochs=1)]  # deterministic
-    # resuming at (1, 3) with (0, 4) replayed first
-    resumed = list(PromptCursor(rows, seed=3, max_epochs=2, epoch=1, position=3, replay=[(0, 4)]))
-    assert [k for k, _ in resumed] == [(0, 4), (1, 3), (1, 4)]
-    assert resumed[0][1] is got[4][1] and resumed[1][1] is got[8][1]
+    assert epoch0 != epoch1  # a new permutation per epoch (seeded, so the same for every worker)
+    assert src.claimed == 5 and src.exhausted  # blocks [0,2) [2,4) [4,6) [6,8) [8,10)
 
 
 def test_loop_runs_max_epochs_and_writes_every_prompt_once_per_epoch(storage: Storage) -> None:
@@ -118,7 +120,7 @@ def test_loop_runs_max_epochs_and_writes_every_prompt_once_per_epoch(storage: St
     assert summary.accepted == 10 and summary.total_accepted == 10
     assert _committed_prompts(storage) == {f"p{i}": 2 for i in range(5)}
     state = storage.get_json(keys.rollout_state_key("rollout"))
-    assert (state["epoch"], state["position"], state["open"], state["accepted"]) == (2, 0, [], 10)
+    assert (state["epoch"], state["position"], state["blocks"], state["accepted"]) == (2, 0, {}, 10)
 
 
 def test_restart_continues_where_it_left_off(storage: Storage) -> None:
@@ -172,7 +174,8 @@ def test_raising_rows_are_counted_and_too_many_stop_the_loop(storage: Storage) -
     summary = _run(_cfg(max_epochs=1), storage, rows)
     assert (summary.failed, summary.accepted) == (4, 36)
     with pytest.raises(RolloutFailureError, match="exploded on p"):
-        _run(_cfg(max_epochs=1), storage, _rows(40, explode=True), writer_name="second")
+        # a second worker on the same trial: epoch 0 is claimed already, so it runs epoch 1
+        _run(_cfg(max_epochs=2), storage, _rows(40, explode=True), writer_name="second")
     state = storage.get_json(keys.rollout_state_key("second"))
     assert state["failed"] >= 20  # more than 20 % of at least 20 episodes
 

@@ -179,8 +179,8 @@ def test_credits_reopen_capacity_with_max_staleness_0() -> None:
     assert r.get_capacity(0) == 2
 
 
-def test_global_live_count_with_own_unseen_evicted_and_other_workers() -> None:
-    """live = (G - C) + others + (local accepted - restored - evicted - own visible)."""
+def test_global_live_count_with_own_unseen_and_evicted_groups() -> None:
+    """live = (G - C) + (local accepted - restored - evicted - own visible)."""
     m = StalenessManager(max_concurrent=100, max_staleness=1, consumer_batch_size=4)
     m.restore(accepted=6, credited=1)  # G 6, C 1 -> live 5
     for _ in range(3):
@@ -189,8 +189,10 @@ def test_global_live_count_with_own_unseen_evicted_and_other_workers() -> None:
     assert m.live == 8 and m.accepted_total == 9
     m.on_evicted(1)  # the writer dropped one as invalid -> live 7
     assert m.live == 7
-    # storage now shows this process's 2 committed groups and 5 more from another writer; 3 others run
-    m.sync(accepted=6 + 2 + 5, credited=1, own_visible=2, others_inflight=3)
-    # (13 - 1) + 3 + (3 - 1 - 2) = 15; room at version 2: (1 + 2 + 1) * 4 - 15 = 1
-    assert m.live == 15 and m.get_capacity(2) == 1
-    assert m.expected_consumer_version(0) == 15 // 4
+    # storage now shows this process's 2 committed groups and 5 more from another writer
+    m.sync(accepted=6 + 2 + 5, credited=1, own_visible=2)
+    # (13 - 1) + (3 - 1 - 2) = 12; room at version 2: (1 + 2 + 1) * 4 - 12 = 4
+    assert m.live == 12 and m.get_capacity(2) == 4
+    assert m.expected_consumer_version(0) == 12 // 4
+    with pytest.raises(ValueError, match="credited <= accepted"):
+        m.sync(accepted=1, credited=2, own_visible=0)

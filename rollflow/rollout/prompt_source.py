@@ -1,0 +1,171 @@
+"""`ClaimedPrompts`: the rows one rollout worker may run, claimed block by block from storage.
+
+What it is: the iterator the loop feeds to the executor. It yields ``(p, row)`` for global positions
+``p = epoch * N + position`` (N rows; epoch ``e`` visits the rows in a permutation seeded by
+``(seed, e)``), taken from blocks of ``K`` positions that this worker claimed in the trial's
+``ClaimLog`` or adopted from a dead worker. It yields ``None`` when nothing may start now (the next
+block does not fit the staleness bound) and stops after ``max_epochs`` passes.
+
+The global staleness bound. Claims are dense, so after claiming block ``b`` exactly ``(b + 1) * K``
+positions were ever handed out, to all workers together. Each of them is now unstarted, running,
+buffered, committed, or released (rejected, failed, evicted: workers publish a running count). So
+
+    live groups <= (b + 1) * K - released - credited
+
+and a block is claimed only if ``fits((b + 1) * K)``, i.e. ``(b + 1) * K - released - credited <=
+(max_staleness + v + 1) * B``. ``released`` and ``credited`` are read from storage and can only lag
+(undercount), which errs on the safe side. A new worker reads the same log, so it cannot run ahead.
+Worked example: B = 4, max_staleness = 1, v = 0, K = 2, nothing released: blocks 0..3 fit
+(4 * 2 = 8 <= (1 + 0 + 1) * 4), block 4 waits for version 1 (10 <= 12).
+
+What it is not: storage I/O beyond ``ClaimLog`` calls and the ``on_claim`` callback (the loop persists
+its state there, so a claimed block is recorded before any of its prompts runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from storage.prompt_claims import ClaimLog
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Held:
+    gen: int  # 0 = claimed by this worker; g >= 1 = adopted through takeover g
+    pending: list[int]  # positions not handed out yet, in order
+    handed: set[int] = field(default_factory=set)
+
+
+class ClaimedPrompts:
+    """Iterator of ``(p, row)`` or ``None`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        rows: Sequence[dict],
+        *,
+        seed: int,
+        max_epochs: int | None,
+        claims: ClaimLog,
+        block_size: int,
+        worker: str,
+        name: str,
+        fits: Callable[[int], bool],
+        on_claim: Callable[[], None] = lambda: None,
+        max_conflicts_per_call: int = 8,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.rows = rows
+        self.seed = seed
+        self.n = len(rows)
+        self.end = None if max_epochs is None else max_epochs * self.n  # first position never handed out
+        self.claims = claims
+        self.k = block_size
+        self.worker, self.name = worker, name
+        self._fits = fits
+        self._on_claim = on_claim
+        self._max_conflicts = max_conflicts_per_call
+        self._held: dict[int, _Held] = {}
+        self._lock = threading.Lock()  # adopt() runs on the loop's sync thread
+        self._perm: dict[int, list[int]] = {}
+        self.last: int | None = None  # last position handed out
+        self._stopped = False  # the claim log reached max_epochs
+        self.claimed = 0  # blocks claimed by this worker
+        self.adopted = 0  # blocks adopted
+
+    # --- positions ---------------------------------------------------------------------------------------
+
+    def block_range(self, block: int) -> range:
+        lo, hi = block * self.k, (block + 1) * self.k
+        return range(lo, hi if self.end is None else min(hi, self.end))
+
+    def row(self, p: int) -> dict:
+        epoch, pos = divmod(p, self.n)
+        order = self._perm.get(epoch)
+        if order is None:
+            order = list(range(self.n))
+            random.Random(f"{self.seed}-{epoch}").shuffle(order)
+            self._perm = {epoch: order}  # one epoch at a time is enough (positions grow)
+        return self.rows[order[pos]]
+
+    @property
+    def exhausted(self) -> bool:
+        """Nothing left to hand out: no pending position and no block left (only with ``max_epochs``)."""
+        with self._lock:
+            if any(h.pending for h in self._held.values()) or self.end is None:
+                return False
+        return self._stopped or self.claims.next_block() * self.k >= self.end
+
+    # --- adoption and state ---------------------------------------------------------------------------------
+
+    def adopt(self, block: int, gen: int, open_positions: Sequence[int]) -> None:
+        """Run ``open_positions`` of ``block`` here (after this worker's takeover ``gen`` succeeded)."""
+        with self._lock:
+            keep = sorted(p for p in open_positions if p in self.block_range(block))
+            self._held[block] = _Held(gen=gen, pending=keep)
+            self.adopted += 1
+        logger.info(
+            "worker %s adopted block %d (gen %d): %d open position(s)", self.name, block, gen, len(keep)
+        )
+
+    def held_state(self, open_keys: set[Any]) -> dict[str, dict[str, Any]]:
+        """``{block: {"gen", "open"}}`` for the state file; open = pending + handed and not finished.
+
+        ``open_keys``: positions the executor has running, buffered (not committed) or cancelled.
+        Blocks whose positions all finished are forgotten.
+        """
+        out: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            for b, h in list(self._held.items()):
+                h.handed = {p for p in h.handed if p in open_keys}
+                still = sorted(set(h.pending) | h.handed)
+                if not still:
+                    del self._held[b]
+                    continue
+                out[str(b)] = {"gen": h.gen, "open": still}
+        return out
+
+    # --- iteration ------------------------------------------------------------------------------------------
+
+    def __iter__(self) -> ClaimedPrompts:
+        return self
+
+    def __next__(self) -> tuple[int, dict] | None:
+        p = self._pop_pending()
+        if p is not None:
+            return p, self.row(p)
+        for _ in range(self._max_conflicts):
+            b = self.claims.next_block()
+            rng = self.block_range(b)
+            if not rng:  # past max_epochs
+                self._stopped = True
+                raise StopIteration
+            if not self._fits(rng.stop):
+                return None
+            if self.claims.try_claim(b, self.worker, self.name):
+                with self._lock:
+                    self._held[b] = _Held(gen=0, pending=list(rng))
+                    self.claimed += 1
+                self._on_claim()
+                p = self._pop_pending()
+                assert p is not None
+                return p, self.row(p)
+        return None  # many workers raced for the same blocks: try again on the next tick
+
+    def _pop_pending(self) -> int | None:
+        with self._lock:
+            for b in sorted(self._held):
+                h = self._held[b]
+                if h.pending:
+                    p = h.pending.pop(0)
+                    h.handed.add(p)
+                    self.last = p
+                    return p
+        return None

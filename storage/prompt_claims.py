@@ -1,0 +1,102 @@
+"""`ClaimLog`: prompt blocks claimed by rollout workers with exclusive puts, and takeovers of dead ones.
+
+What it is: the storage protocol that lets many rollout workers share one trial's data exactly once
+per epoch and one staleness bound. The prompts of all epochs form one stream of global positions
+``p = epoch * N + position`` (N rows). Block ``b`` is the positions ``[b*K, (b+1)*K)``; a worker claims it
+with an exclusive put, so exactly one worker owns each block:
+
+```
+prompts/claims/{b // 1000:06d}/{b:010d}.json     {"block", "worker", "name", "claimed_at"}
+prompts/takeovers/{b:010d}-{gen:03d}.json        block b adopted for generation gen (exclusive)
+```
+
+Workers claim the lowest unclaimed block (they learn it from a conflict or a listing), so claims are
+dense: after block ``b`` is claimed, exactly ``(b + 1) * K`` positions were ever handed out. That count
+is what makes the staleness bound global and exact (see ``rollflow.rollout.prompt_source``).
+
+A dead worker's unfinished positions are adopted, not re-claimed: its blocks stay reserved and the
+first worker whose exclusive put of ``takeovers/{b}-{gen+1}`` succeeds runs what was left open, so
+no capacity is counted twice and no two workers adopt the same block.
+
+The keys live under `prompts/`, not `rollout/`, so a worker's listing of the state files under
+`rollout/` stays one small LIST however many blocks a run claims.
+
+What it is not: liveness (workers' heartbeats are their state files, read by the loop) or the data
+order (the prompt source maps positions to rows).
+"""
+
+from __future__ import annotations
+
+import time
+
+from storage.errors import CommitConflictError
+from storage.fs import Storage
+
+CLAIM_DIR = "prompts/claims"
+TAKEOVER_DIR = "prompts/takeovers"
+_PER_DIR = 1000
+
+
+def claim_key(block: int) -> str:
+    """`prompts/claims/{block // 1000:06d}/{block:010d}.json`."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+        raise ValueError(f"block must be an int >= 0, got {block!r}")
+    return f"{CLAIM_DIR}/{block // _PER_DIR:06d}/{block:010d}.json"
+
+
+def takeover_key(block: int, gen: int) -> str:
+    """`prompts/takeovers/{block:010d}-{gen:03d}.json`."""
+    if block < 0 or gen < 1:
+        raise ValueError(f"takeover needs block >= 0 and gen >= 1, got {block}, {gen}")
+    return f"{TAKEOVER_DIR}/{block:010d}-{gen:03d}.json"
+
+
+class ClaimLog:
+    """Claims blocks in order and adopts dead workers' blocks; every write is one exclusive put."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self._next: int | None = None  # lowest block that may be unclaimed (a hint)
+        self.conflicts = 0
+
+    def next_block(self) -> int:
+        """The lowest block not known to be claimed (lists the newest claim directory if unknown)."""
+        if self._next is None:
+            self._next = self._scan()
+        return self._next
+
+    def _scan(self) -> int:
+        dirs = [d for d in self.storage.list_dirs(CLAIM_DIR) if d.rsplit("/", 1)[-1].isdigit()]
+        if not dirs:
+            return 0
+        newest = max(dirs, key=lambda d: int(d.rsplit("/", 1)[-1]))
+        names = [k.rsplit("/", 1)[-1].removesuffix(".json") for k in self.storage.list(newest)]
+        blocks = [int(n) for n in names if n.isdigit()]
+        return max(blocks) + 1 if blocks else int(newest.rsplit("/", 1)[-1]) * _PER_DIR
+
+    def try_claim(self, block: int, worker: str, name: str) -> bool:
+        """Exclusive put of ``block``'s claim; False (and the hint moves on) if another worker has it."""
+        try:
+            self.storage.put_json(
+                claim_key(block),
+                {"block": block, "worker": worker, "name": name, "claimed_at": time.time()},
+                exclusive=True,
+            )
+        except CommitConflictError:
+            self.conflicts += 1
+            self._next = max(self._next or 0, block + 1)
+            return False
+        self._next = max(self._next or 0, block + 1)
+        return True
+
+    def try_take_over(self, block: int, gen: int, worker: str) -> bool:
+        """Adopt ``block`` for generation ``gen`` (>= 1); False if another worker did first."""
+        try:
+            self.storage.put_json(
+                takeover_key(block, gen),
+                {"block": block, "gen": gen, "by": worker, "at": time.time()},
+                exclusive=True,
+            )
+        except CommitConflictError:
+            return False
+        return True
