@@ -25,6 +25,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from rollflow.api.config import ExperimentConfig
 from tasks.bootstrap import bootstrap_model
 from tasks.evaluate import eval_loop, evaluate_policy
+from tasks.loops import join_loops
 from tasks.rollout import rollout_loop
 from tasks.runtime import configure_process_env, resolve_config
 from tasks.servers import start_servers, stop_servers
@@ -63,12 +64,8 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
         train_f = train_loop.submit(cfg, metrics=sink, stop_event=stop, pause_addresses=servers.addresses)
         rollout_f = rollout_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop, fleet=servers)
         evals_f = eval_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop)
-        try:
-            train = train_f.result()
-        finally:
-            stop.set()
-        rollout = rollout_f.result()
-        evals_f.result()
+        done = join_loops({"train-loop": train_f, "rollout-loop": rollout_f, "eval-loop": evals_f}, stop)
+        train, rollout = done["train-loop"], done["rollout-loop"]
         after = evaluate_policy(
             cfg, servers.addresses, label="after", min_version=int(train["final_version"]), metrics=sink
         )
