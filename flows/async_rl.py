@@ -4,8 +4,8 @@ Embedded mode (one machine): bootstrap the policy, start the inference servers, 
 policy, then run the rollout loop, the train loop and the periodic evaluation concurrently; when the
 trainer writes its done marker everything stops, the final policy is scored and registered in MLflow,
 and a summary comes back (final version, accuracies, MLflow run id, storage URIs).
-Distributed mode: trigger the `rollout` and `train` deployments on their work pools with
-``run_deployment`` and wait for both; they share the storage root.
+Distributed mode (``flows/distributed.py``): the same story, with the train loop and N rollout workers
+as `train` and `rollout` deployment runs on their work pools, sharing the storage root and MLflow run.
 
 Run it:  python -m flows.async_rl --config configs/tiny_cpu.yaml train.steps=20
    or:   prefect deployment run 'async-rl/local' --param overrides='["train.steps=20"]'
@@ -22,6 +22,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.distributed import run_distributed
 from rollflow.api.config import ExperimentConfig
 from tasks.bootstrap import bootstrap_model
 from tasks.evaluate import eval_loop, evaluate_policy
@@ -75,49 +76,6 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
     return {"before": before, "after": after, "train": train, "rollout": rollout}
 
 
-def _run_distributed(cfg: ExperimentConfig, config: str | None, overrides: list[str]) -> dict[str, Any]:
-    from prefect.deployments import run_deployment
-
-    params = {"config": config, "overrides": overrides}
-    runs = {}
-    for role, name in (
-        ("train", cfg.orchestration.train_deployment),
-        ("rollout", cfg.orchestration.rollout_deployment),
-    ):
-        runs[role] = run_deployment(
-            name,
-            parameters=params,
-            timeout=0,  # trigger now, wait below
-            flow_run_name=f"{role}-{cfg.trial}",
-            as_subflow=True,
-        )
-    from prefect.client.orchestration import get_client
-
-    deadline = (
-        None
-        if cfg.orchestration.deployment_timeout_s is None
-        else time.monotonic() + cfg.orchestration.deployment_timeout_s
-    )
-    states: dict[str, Any] = {}
-    with get_client(sync_client=True) as client:
-        while len(states) < len(runs):
-            for role, fr in runs.items():
-                if role in states:
-                    continue
-                state = client.read_flow_run(fr.id).state
-                if state is not None and state.is_final():
-                    states[role] = state
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"deployments did not finish within {cfg.orchestration.deployment_timeout_s}s"
-                )
-            time.sleep(2.0)
-    failed = {r: s.name for r, s in states.items() if not s.is_completed()}
-    if failed:
-        raise RuntimeError(f"distributed run failed: {failed}; see the child flow runs in the Prefect UI")
-    return {role: {"flow_run_id": str(runs[role].id), "state": states[role].name} for role in runs}
-
-
 @flow(
     name="async-rl",
     flow_run_name="async-rl-{trial_name}",
@@ -160,10 +118,9 @@ def async_rl(
     status = "FAILED"
     try:
         if cfg.orchestration.mode == "distributed":
-            result = _run_distributed(cfg, config, overrides)
-            status = "FINISHED"
-            return {"mode": "distributed", **result}
-        parts = _run_embedded(cfg, tracker, logger)
+            parts = run_distributed(cfg, {"config": config, "overrides": overrides}, tracker)
+        else:
+            parts = _run_embedded(cfg, tracker, logger)
         summary: dict[str, Any] = {
             "experiment": cfg.experiment,
             "trial": cfg.trial,

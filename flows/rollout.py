@@ -14,6 +14,7 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks.bootstrap import bootstrap_model
+from tasks.distributed import child_tracker, rollout_name, writer_name_for
 from tasks.rollout import rollout_loop
 from tasks.runtime import configure_process_env, resolve_config
 from tasks.servers import start_servers, stop_servers
@@ -21,17 +22,34 @@ from tasks.servers import start_servers, stop_servers
 
 @flow(name="rollout", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
 def rollout(
-    config: str | None = "configs/tiny_cpu.yaml", overrides: list[str] | None = None
+    config: str | None = "configs/tiny_cpu.yaml",
+    overrides: list[str] | None = None,
+    worker_index: int | None = None,
+    mlflow_parent_run_id: str | None = None,
 ) -> dict[str, Any]:
-    """Generate and commit trajectory shards until the trainer is done."""
+    """Generate and commit trajectory shards until the trainer is done.
+
+    Args:
+        worker_index: this worker's index among the trial's rollout workers (its writer id); set by
+            the distributed async-rl parent.
+        mlflow_parent_run_id: log metrics into a run nested under this MLflow run.
+    """
     configure_process_env()
     cfg = resolve_config(config, overrides or [])
+    tracker = child_tracker(cfg, mlflow_parent_run_id, rollout_name(worker_index or 0))
+    status = "FAILED"
     model_path = bootstrap_model(cfg)
     servers = start_servers(cfg, model_path)
     try:
-        return rollout_loop(cfg, servers.addresses, fleet=servers)
+        writer = None if worker_index is None else writer_name_for(worker_index)
+        sink = tracker.sink if tracker else None
+        out = rollout_loop(cfg, servers.addresses, fleet=servers, metrics=sink, writer_name=writer)
+        status = "FINISHED"
+        return out
     finally:
         stop_servers(servers)
+        if tracker:
+            tracker.finish(status)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
 from tasks.bootstrap import bootstrap_model
+from tasks.distributed import child_tracker
 from tasks.runtime import configure_process_env, resolve_config
 from tasks.train import train_loop
 
@@ -44,15 +45,24 @@ def train_torchrun(cfg: ExperimentConfig, config: str | None, overrides: list[st
 
 
 @flow(name="train", log_prints=True)
-def train(config: str | None = "configs/tiny_cpu.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
-    """Train on committed trajectories until train.steps, publishing checkpoints as it goes."""
+def train(
+    config: str | None = "configs/tiny_cpu.yaml",
+    overrides: list[str] | None = None,
+    mlflow_parent_run_id: str | None = None,
+) -> dict[str, Any]:
+    """Train on committed trajectories until train.steps, publishing checkpoints as it goes.
+
+    Args:
+        mlflow_parent_run_id: log the trainer's metrics into this MLflow run (the distributed parent's).
+    """
     configure_process_env()
     overrides = list(overrides or [])
     cfg = resolve_config(config, overrides)
     bootstrap_model(cfg)
     if cfg.train.distributed != "none" and cfg.train.nproc_per_node > 1:
         return train_torchrun(cfg, config, overrides)
-    return train_loop(cfg)
+    tracker = child_tracker(cfg, mlflow_parent_run_id, "train")
+    return train_loop(cfg, metrics=tracker.sink if tracker else None)
 
 
 def main(argv: list[str] | None = None) -> int:
