@@ -13,12 +13,18 @@ trainer's metrics and the evals in the parent run and each rollout worker's metr
 
 from __future__ import annotations
 
+import contextvars
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,38 +61,24 @@ def _prefect(env: dict[str, str], *args: str, timeout: float = 180) -> subproces
     )  # fmt: skip
 
 
-def test_two_rollout_workers_and_a_trainer_as_deployment_runs(
-    use_prefect_server: str,
-    prefect_env: dict[str, str],
-    s3_server: object,
-    mlflow_server: str,
-    stop_process_group: Callable[..., None],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from flows.async_rl import async_rl
-    from storage.fs import Storage
-    from storage.shards import ShardReader
-
-    monkeypatch.chdir(ROOT)
-    env = dict(prefect_env)
+def _deploy_and_start_worker(env: dict[str, str], tmp_path: Path) -> subprocess.Popen[bytes]:
     res = _prefect(env, "work-pool", "create", POOL, "--type", "process", "--overwrite")
     assert res.returncode == 0, res.stdout + res.stderr
     spec = tmp_path / "prefect.yaml"
     spec.write_text(DEPLOY_YAML.format(root=ROOT, pool=POOL))
     res = _prefect(env, "deploy", "--all", "--prefect-file", str(spec))
     assert res.returncode == 0, res.stdout + res.stderr
-
     worker_log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 (outlives this block)
-    worker = subprocess.Popen(
+    return subprocess.Popen(
         [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--limit", "4"],
         env=env, cwd=ROOT, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    root = f"s3://{s3_server.bucket}/dist"  # type: ignore[attr-defined]
-    options = s3_server.options  # type: ignore[attr-defined]
-    overrides = [
+
+
+def _overrides(trial: str, root: str, options: dict, mlflow_server: str, tmp_path: Path) -> list[str]:
+    return [
         "experiment=dist-arith",
-        "trial=dist-test",
+        f"trial={trial}",
         f"storage.root={root}",
         f"storage.options={json.dumps(options)}",
         f"storage.local_cache={tmp_path / 'cache'}",
@@ -105,6 +97,26 @@ def test_two_rollout_workers_and_a_trainer_as_deployment_runs(
         "orchestration.train_deployment=train/dist-test",
         "orchestration.deployment_timeout_s=1200",
     ]
+
+
+def test_two_rollout_workers_and_a_trainer_as_deployment_runs(
+    use_prefect_server: str,
+    prefect_env: dict[str, str],
+    s3_server: object,
+    mlflow_server: str,
+    stop_process_group: Callable[..., None],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flows.async_rl import async_rl
+    from storage.fs import Storage
+    from storage.shards import ShardReader
+
+    monkeypatch.chdir(ROOT)
+    worker = _deploy_and_start_worker(dict(prefect_env), tmp_path)
+    root = f"s3://{s3_server.bucket}/dist"  # type: ignore[attr-defined]
+    options = s3_server.options  # type: ignore[attr-defined]
+    overrides = _overrides("dist-test", root, options, mlflow_server, tmp_path)
     try:
         summary = async_rl(config="configs/tiny_cpu.yaml", overrides=overrides)
     except BaseException:
@@ -154,3 +166,91 @@ def test_two_rollout_workers_and_a_trainer_as_deployment_runs(
     for c in children:
         assert c.info.status == "FINISHED"
         assert any(k.startswith("rollout/") for k in c.data.metrics), c.data.metrics
+
+
+def _flow_run_pid(flow_run_id: str) -> int | None:
+    """The pid of the process a process worker runs ``flow_run_id`` in (found by its environment)."""
+    needle = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0"):
+                return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
+def test_kill_9_one_rollout_worker_and_the_run_completes(
+    use_prefect_server: str,
+    prefect_env: dict[str, str],
+    s3_server: object,
+    mlflow_server: str,
+    stop_process_group: Callable[..., None],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the trainer published v2 and worker 1 has committed a shard, its flow-run process gets
+    SIGKILL. The worker reports the run Crashed, the parent logs it and goes on, the other worker and
+    the trainer finish, and nothing worker 1 committed is trained twice."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from flows.async_rl import async_rl
+    from storage import keys
+    from storage.fs import Storage
+    from storage.shards import ShardReader
+
+    monkeypatch.chdir(ROOT)
+    worker = _deploy_and_start_worker(dict(prefect_env), tmp_path)
+    root = f"s3://{s3_server.bucket}/dist-fault"  # type: ignore[attr-defined]
+    options = s3_server.options  # type: ignore[attr-defined]
+    overrides = _overrides("dist-fault", root, options, mlflow_server, tmp_path)
+    overrides.append("experiment=dist-fault")  # its own registered model name
+    storage = Storage.open(root, "dist-fault", "dist-fault", options)
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["summary"] = async_rl(config="configs/tiny_cpu.yaml", overrides=overrides)
+        except BaseException as e:  # reported below
+            result["error"] = e
+
+    ctx = contextvars.copy_context()  # use_prefect_server's settings live in a context var
+    t = threading.Thread(target=ctx.run, args=(run,), daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 900
+        victim = None
+        while victim is None:
+            assert t.is_alive(), f"the run ended before the kill: {result}"
+            assert time.monotonic() < deadline, "worker 1 never committed while v2 was out"
+            time.sleep(1.0)
+            latest = storage.get_json(keys.LATEST_KEY) if storage.exists(keys.LATEST_KEY) else {}
+            w1 = [k for k in storage.list("trajectories/commits") if "/rollout-w1-" in k]
+            if latest.get("version", -1) < 2 or not w1:
+                continue
+            with get_client(sync_client=True) as client:
+                runs = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["rollout-dist-fault-1"]))
+                )
+            victim = _flow_run_pid(str(runs[0].id)) if runs else None
+        os.kill(victim, signal.SIGKILL)
+        t.join(1200)
+        assert not t.is_alive(), "the run did not finish after a rollout worker was killed"
+    finally:
+        stop_process_group(worker)
+    if "error" in result:
+        print((tmp_path / "worker.log").read_text()[-20000:])
+    assert "error" not in result, repr(result.get("error"))
+    summary = result["summary"]
+    assert summary["final_version"] == STEPS
+    assert summary["rollout"]["completed"] == 1, summary  # the killed one ended Crashed
+    committed = {g.group_id for g in ShardReader(storage).take(100_000).groups}
+    taken = [
+        gid
+        for s in range(1, STEPS + 1)
+        for gid in storage.get_json(f"trainer/consumed/step-{s:08d}.json")["groups"]
+    ]
+    assert len(set(taken)) == len(taken) == STEPS * 8 and set(taken) <= committed
