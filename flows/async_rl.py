@@ -4,8 +4,8 @@ Embedded mode (one machine): bootstrap the policy, start the inference servers, 
 policy, then run the rollout loop, the train loop and the periodic evaluation concurrently; when the
 trainer writes its done marker everything stops, the final policy is scored and registered in MLflow,
 and a summary comes back (final version, accuracies, MLflow run id, storage URIs).
-Distributed mode: trigger the `rollout` and `train` deployments on their work pools with
-``run_deployment`` and wait for both; they share the storage root.
+Distributed mode (``flows/distributed.py``): the same story, with the train loop and N rollout workers
+as `train` and `rollout` deployment runs on their work pools, sharing the storage root and MLflow run.
 
 Run it:  python -m flows.async_rl --config configs/tiny_cpu.yaml train.steps=20
    or:   prefect deployment run 'async-rl/local' --param overrides='["train.steps=20"]'
@@ -23,10 +23,12 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.distributed import run_distributed
 from rollflow.api.config import ExperimentConfig
 from tasks.bootstrap import bootstrap_model
 from tasks.evaluate import eval_loop, evaluate_policy
 from tasks.lineage import run_lineage, run_lineage_tags
+from tasks.loops import join_loops
 from tasks.rollout import rollout_loop
 from tasks.runtime import (
     attach_core_loggers,
@@ -79,16 +81,8 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
         train_f = train_loop.submit(cfg, metrics=sink, stop_event=stop, pause_addresses=servers.addresses)
         rollout_f = rollout_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop, fleet=servers)
         evals_f = eval_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop)
-        futures = [rollout_f, train_f, evals_f]
-        train_f.wait()
-        stop.set()
-        for f in futures:
-            f.wait()
-        for f in futures:  # a real failure first, then a cancellation (CancelledRun)
-            if f.state.is_failed() or f.state.is_crashed():
-                f.result()
-        train, rollout = train_f.result(), rollout_f.result()
-        evals_f.result()
+        done = join_loops({"train-loop": train_f, "rollout-loop": rollout_f, "eval-loop": evals_f}, stop)
+        train, rollout = done["train-loop"], done["rollout-loop"]
         after = evaluate_policy(
             cfg, servers.addresses, label="after", min_version=int(train["final_version"]), metrics=sink
         )
@@ -98,49 +92,6 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
             f.wait(timeout=cfg.orchestration.stop_timeout_s)
         stop_servers(servers)
     return {"before": before, "after": after, "train": train, "rollout": rollout}
-
-
-def _run_distributed(cfg: ExperimentConfig, config: str | None, overrides: list[str]) -> dict[str, Any]:
-    from prefect.deployments import run_deployment
-
-    params = {"config": config, "overrides": overrides}
-    runs = {}
-    for role, name in (
-        ("train", cfg.orchestration.train_deployment),
-        ("rollout", cfg.orchestration.rollout_deployment),
-    ):
-        runs[role] = run_deployment(
-            name,
-            parameters=params,
-            timeout=0,  # trigger now, wait below
-            flow_run_name=f"{role}-{cfg.trial}",
-            as_subflow=True,
-        )
-    from prefect.client.orchestration import get_client
-
-    deadline = (
-        None
-        if cfg.orchestration.deployment_timeout_s is None
-        else time.monotonic() + cfg.orchestration.deployment_timeout_s
-    )
-    states: dict[str, Any] = {}
-    with get_client(sync_client=True) as client:
-        while len(states) < len(runs):
-            for role, fr in runs.items():
-                if role in states:
-                    continue
-                state = client.read_flow_run(fr.id).state
-                if state is not None and state.is_final():
-                    states[role] = state
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"deployments did not finish within {cfg.orchestration.deployment_timeout_s}s"
-                )
-            time.sleep(2.0)
-    failed = {r: s.name for r, s in states.items() if not s.is_completed()}
-    if failed:
-        raise RuntimeError(f"distributed run failed: {failed}; see the child flow runs in the Prefect UI")
-    return {role: {"flow_run_id": str(runs[role].id), "state": states[role].name} for role in runs}
 
 
 @flow(
@@ -206,10 +157,11 @@ def async_rl(
     status = "FAILED"
     try:
         if cfg.orchestration.mode == "distributed":
-            result = _run_distributed(cfg, config, [*overrides, f"trial={cfg.trial}"])
-            status = "FINISHED"
-            return {"mode": "distributed", "trial": cfg.trial, **result}
-        parts = _run_embedded(cfg, tracker, logger)
+            # The children run this trial (the resolved one, not a fresh one each) from the same settings.
+            params = {"config": config, "overrides": [*overrides, f"trial={cfg.trial}"], "settings": settings}
+            parts = run_distributed(cfg, params, tracker)
+        else:
+            parts = _run_embedded(cfg, tracker, logger)
         summary: dict[str, Any] = {
             "experiment": cfg.experiment,
             "trial": cfg.trial,

@@ -15,6 +15,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from rollflow.api.config import ExperimentConfig
 from tasks.bootstrap import bootstrap_model
+from tasks.distributed import child_tracker, rollout_name, writer_name_for
 from tasks.rollout import rollout_loop
 from tasks.runtime import (
     attach_core_loggers,
@@ -31,23 +32,36 @@ def rollout(
     config: str | None = "configs/tiny_cpu.yaml",
     overrides: list[str] | None = None,
     settings: ExperimentConfig | None = None,
-    worker: int = 0,
+    worker_index: int | None = None,
+    mlflow_parent_run_id: str | None = None,
 ) -> dict[str, Any]:
     """Generate and commit trajectory shards until the trainer is done.
 
-    ``settings`` (the typed config, a form in the UI) replaces the YAML ``config`` when given;
-    ``worker`` numbers this rollout worker among several (run name ``rollout-{trial}-w{worker}``)."""
+    Args:
+        settings: the typed config (a form in the UI); replaces the YAML ``config`` when given.
+        worker_index: this worker's index among the trial's rollout workers (its writer id and run name
+            ``rollout-{trial}-w{worker_index}``); set by the distributed async-rl parent.
+        mlflow_parent_run_id: log metrics into a run nested under this MLflow run.
+    """
     configure_process_env()
     attach_core_loggers()
     cfg = resolve_config(config, overrides or [], data=config_data(settings))
     configure_process_env(cfg)
-    name_flow_run(f"rollout-{cfg.trial}-w{worker}")
+    name_flow_run(f"rollout-{cfg.trial}-w{worker_index or 0}")
+    tracker = child_tracker(cfg, mlflow_parent_run_id, rollout_name(worker_index or 0))
+    status = "FAILED"
     model_path = bootstrap_model(cfg)
     servers = start_servers(cfg, model_path)
     try:
-        return rollout_loop(cfg, servers.addresses, fleet=servers)
+        writer = None if worker_index is None else writer_name_for(worker_index)
+        sink = tracker.sink if tracker else None
+        out = rollout_loop(cfg, servers.addresses, fleet=servers, metrics=sink, writer_name=writer)
+        status = "FINISHED"
+        return out
     finally:
         stop_servers(servers)
+        if tracker:
+            tracker.finish(status)
 
 
 def main(argv: list[str] | None = None) -> int:

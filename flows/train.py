@@ -18,6 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.gpu_plan import torchrun_command
 from rollflow.api.config import ExperimentConfig
 from tasks.bootstrap import bootstrap_model
+from tasks.distributed import child_tracker
 from tasks.runtime import (
     attach_core_loggers,
     config_data,
@@ -48,10 +49,14 @@ def train(
     config: str | None = "configs/tiny_cpu.yaml",
     overrides: list[str] | None = None,
     settings: ExperimentConfig | None = None,
+    mlflow_parent_run_id: str | None = None,
 ) -> dict[str, Any]:
     """Train on committed trajectories until train.steps, publishing checkpoints as it goes.
 
-    ``settings`` (the typed config, a form in the UI) replaces the YAML ``config`` when given."""
+    Args:
+        settings: the typed config (a form in the UI); replaces the YAML ``config`` when given.
+        mlflow_parent_run_id: log the trainer's metrics into this MLflow run (the distributed parent's).
+    """
     configure_process_env()
     attach_core_loggers()
     overrides = list(overrides or [])
@@ -61,7 +66,8 @@ def train(
     bootstrap_model(cfg)
     if cfg.train.distributed != "none" and cfg.train.nproc_per_node > 1:
         return train_torchrun(cfg, config, overrides)
-    return train_loop(cfg)
+    tracker = child_tracker(cfg, mlflow_parent_run_id, "train")
+    return train_loop(cfg, metrics=tracker.sink if tracker else None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,7 +88,11 @@ def eval_loop(
             continue  # a server busy or restarting; try again next second
         if served < next_version or served >= cfg.train.steps:
             continue  # the final version is scored by the flow after training
-        result = run_eval(cfg, addresses)
+        try:
+            result = run_eval(cfg, addresses)
+        except InferenceError as e:  # a server died mid-evaluation: score this version again
+            get_run_logger().warning("eval at v%d interrupted (%s); retrying", served, e)
+            continue
         PrefixSink(metrics, "eval/").log(
             {"accuracy": result.accuracy, "mean_reward": result.mean_reward}, step=result.version
         )

@@ -746,12 +746,22 @@ class OrchestrationConfig:
     train_deployment: str = field(
         default="train/gpu", metadata=_help("Deployment 'flow/name' of the train flow (distributed).")
     )
+    n_rollout_workers: int = field(
+        default=1,
+        metadata=_help(
+            "Distributed mode: rollout deployment runs to trigger; worker i gets worker_index=i (its "
+            "writer id). Each runs its own inference servers and shares the trial's staleness bound."
+        ),
+    )
     deployment_timeout_s: float | None = field(
         default=None, metadata=_help("Give up waiting for the triggered runs after this long (None = never).")
     )
     stop_timeout_s: float = field(
         default=30.0, metadata=_help("Grace period for loops and servers to stop before they are killed.")
     )
+
+    def __post_init__(self) -> None:
+        _check(self.n_rollout_workers >= 1, "orchestration.n_rollout_workers", "must be >= 1")
 
 
 @dataclass

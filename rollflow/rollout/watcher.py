@@ -450,10 +450,11 @@ class CheckpointWatcher:
             return
         self._fatal_reported = True
         dropped = "; ".join(f"{a}: {r}" for a, r in self._dropped.items())
-        message = (
-            f"no inference server has answered for {self.dead_server_timeout_s:.0f}s: "
-            f"{self._unreachable_summary() or 'none left'}" + (f"; dropped: {dropped}" if dropped else "")
-        )
+        if live:
+            message = f"no inference server has answered for {self.dead_server_timeout_s:.0f}s: "
+            message += self._unreachable_summary() + (f"; dropped: {dropped}" if dropped else "")
+        else:
+            message = f"every inference server was dropped (none left): {dropped}"
         logger.error("%s", message)
         try:
             self.on_fatal(message)

@@ -114,6 +114,7 @@ class MlflowTracker:
         self.model_name = cfg.tracking.registered_model_name or f"{cfg.experiment}-policy"
         self.run_id: str | None = None
         self.sink: MlflowSink | None = None
+        self._attached = False  # logging into a run someone else owns (see attach)
 
     # -- run lifecycle -----------------------------------------------------------------------
     def _experiment_id(self) -> str:
@@ -157,6 +158,38 @@ class MlflowTracker:
         self.client.log_text(self.run_id, to_yaml(self.cfg), "config/resolved.yaml")
         return self.run_id
 
+    def attach(self, run_id: str) -> str:
+        """Log into an existing run (a distributed child writing into its parent's run); ``finish`` then
+        leaves the run's status to its owner."""
+        self.run_id = run_id
+        self.sink = MlflowSink(self.client, run_id)
+        self._attached = True
+        return run_id
+
+    def start_nested(self, parent_run_id: str, name: str, *, tags: dict[str, str] | None = None) -> str:
+        """Start (or resume, by ``name``) a child run nested under ``parent_run_id`` (MLflow's
+        ``mlflow.parentRunId`` tag: the UI shows it under the parent). It has no ``rollflow.trial`` tag,
+        so ``start`` never mistakes it for the trial's run."""
+        exp_id = self.client.get_run(parent_run_id).info.experiment_id
+        existing = self.client.search_runs(
+            [exp_id],
+            filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`rollflow.role` = '{name}'",
+            max_results=1,
+        )
+        if existing:
+            self.run_id = existing[0].info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            all_tags = {
+                "mlflow.parentRunId": parent_run_id,
+                "rollflow.role": name,
+                "rollflow.parent_trial": self.cfg.trial,
+                **(tags or {}),
+            }
+            self.run_id = self.client.create_run(exp_id, run_name=name, tags=all_tags).info.run_id
+        self.sink = MlflowSink(self.client, self.run_id)
+        return self.run_id
+
     def _log_params(self) -> None:
         from mlflow.entities import Param
 
@@ -166,7 +199,7 @@ class MlflowTracker:
 
     def finish(self, status: str = "FINISHED") -> None:
         """End the run: FINISHED, FAILED, or KILLED for a cancelled or interrupted run."""
-        if self.run_id is not None:
+        if self.run_id is not None and not self._attached:
             self.client.set_terminated(self.run_id, status=status)
 
     @property

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from rollflow.api.config import ExperimentConfig
+from rollflow.api.errors import TrainerError
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.stores import ObjectStore
 from rollflow.training import distributed as D
@@ -131,6 +132,7 @@ class Trainer:
         self._last_resume_version = 0  # version 0 needs none: a fresh start rebuilds it
         self._step_cursor: dict[str, Any] = {}  # reader cursor after the last completed step (rank 0)
         self._pending_cursor: dict[str, Any] = {}  # reader cursor after the batch in hand (rank 0)
+        self._waiting_for_data = False  # rank 0 is between steps, waiting for groups
 
     # --- setup --------------------------------------------------------------------------------------------
 
@@ -335,7 +337,12 @@ class Trainer:
             resumed_from=resumed_from,
         )
         while self.version < tcfg.steps:
-            if not self._step():
+            try:
+                stepped = self._step()
+            except TrainerError as e:
+                self._fail_between_steps(e)
+                raise
+            if not stepped:
                 summary.stopped = True
                 break
             summary.steps_run += 1
@@ -357,6 +364,24 @@ class Trainer:
         summary.published_versions = list(self.publisher.published) if self.publisher is not None else []
         return summary
 
+    def _fail_between_steps(self, error: TrainerError) -> None:
+        """The data wait failed (no group within ``data_wait_timeout_s``): the model is at a completed
+        step, so write its resume point before the error goes up, and say so in the error. Skipped with
+        several ranks (the others wait in a collective) and for errors raised inside a step."""
+        ctx = self.ctx
+        if not self._waiting_for_data or ctx is None or ctx.distributed:
+            return
+        self._waiting_for_data = False
+        if self.publisher is not None:
+            self.publisher.flush()
+        if self.version > self._last_resume_version:
+            self._write_resume_point()
+            note = f"train-loop wrote its resume point at version {self.version}"
+        else:
+            note = f"train-loop's newest resume point (version {self.version}) is current"
+        logger.error("training stops at version %d: %s; %s", self.version, error, note)
+        error.args = (f"{error}; {note}",)
+
     def _take_batch(self) -> tuple[TrainBatch | None, dict[str, float]]:
         """Rank 0 collects and pads; every rank gets the same batch (None: stop)."""
         ctx, cfg = self.ctx, self.cfg
@@ -367,9 +392,11 @@ class Trainer:
             got = None
             if not self.stop_event.is_set():
                 assert self.collector is not None
+                self._waiting_for_data = True
                 got = self.collector.collect(
                     cfg.train.batch_size, min_head_version=self.version - cfg.rollout.max_staleness
                 )
+                self._waiting_for_data = False
             if got is not None:
                 batch = build_batch(got.groups, pad_id=self.actor.pad_id)
                 info = self._data_metrics(got)

@@ -197,3 +197,21 @@ def test_option_variants_run_and_checkpoint_every(local_storage, tiny_model_dir:
     assert sink.values("lr")[2] < sink.values("lr")[1]  # cosine decay
     assert sink.values("behav_weight_mean") == [1.0, 1.0, 1.0]  # decoupled off: prox is behav
     assert all(k > 0 for k in sink.values("kl")) and len(sink.values("kl")) == 3
+
+
+def test_a_data_timeout_writes_the_resume_point_and_says_so(local_storage, tiny_model_dir: Path) -> None:
+    """The rollout side dies after 3 batches: the trainer fails after data_wait_timeout_s, but first writes
+    a resume point at v3 (resume_every=10 would not have), so a restart loses no step."""
+    base, trial = local_storage.base.rsplit("/", 2)[0], local_storage.base.rsplit("/", 1)[1]
+    write_groups(local_storage, [f"g{i}" for i in range(7)])  # 3 batches of 2, and 1 group over
+    cfg = make_cfg(base, "test", trial, tiny_model_dir, steps=5, resume_every=10, data_wait_timeout_s=0.5)
+    with pytest.raises(TrainerError, match="no new trajectory group") as info:
+        Trainer(cfg, local_storage).run()
+    assert "train-loop wrote its resume point at version 3" in str(info.value)
+    assert list_resume_steps(local_storage) == [3]
+    assert CheckpointStore(local_storage).is_done() is None
+    write_groups(local_storage, ["g7", "g8", "g9"])  # the rollout is back
+    again = Trainer(cfg, local_storage).run()
+    assert again.resumed_from == 3 and again.done and again.final_version == 5
+    # the group taken into the unfinished 4th batch was not lost: it is trained on after the restart
+    assert consumed(local_storage, 5)[3:] == [["g6", "g7"], ["g8", "g9"]]

@@ -1,0 +1,80 @@
+"""Distributed async-rl: the parent flow's part when rollout and training are separate deployment runs.
+
+The story, as in embedded mode but with the loops on other machines:
+
+1. bootstrap the policy and start this flow's own inference servers (for evaluation only), with a
+   checkpoint watcher that keeps them on the newest published version; score the base policy;
+2. trigger one ``train`` and ``orchestration.n_rollout_workers`` ``rollout`` deployment runs
+   (``tasks/distributed.py``), all on one storage root and one MLflow run: the trainer logs into it,
+   rollout worker ``i`` into a nested run ``rollout-{i}``;
+3. evaluate every ``eval.every_n_versions`` published versions while they run, and wait for them with
+   Prefect's ``wait_for_flow_run``;
+4. score the final policy; the caller (``flows/async_rl.py``) registers it and writes the summary.
+
+Cancelling the parent cancels the children: they are subflows (``as_subflow=True``), and Prefect's server
+moves the non-final subflow runs of a cancelled flow run to Cancelling.
+
+What it is not: the child flows (``flows/rollout.py``, ``flows/train.py``) or a scheduler.
+Run it: ``prefect deployment run 'async-rl/gpu'`` (see prefect.yaml), or
+``python -m flows.async_rl orchestration.mode=distributed`` with the deployments and workers up.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from rollflow.api.config import ExperimentConfig
+from tasks.bootstrap import bootstrap_model
+from tasks.distributed import TRAIN, trigger_children, wait_children
+from tasks.evaluate import eval_loop, evaluate_policy
+from tasks.servers import start_servers, stop_servers
+
+
+def run_distributed(cfg: ExperimentConfig, parameters: dict[str, Any], tracker: Any) -> dict[str, Any]:
+    """Steps 1-4 above; returns ``{"before", "after", "train", "rollout"}`` like embedded mode.
+
+    ``parameters``: what every child flow gets (``config`` and ``overrides``).
+    """
+    from rollflow.rollout.watcher import CheckpointWatcher
+    from storage.checkpoints import CheckpointStore
+    from storage.fs import Storage
+
+    sink = tracker.sink if tracker else None
+    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    store = CheckpointStore(storage)
+    model_path = bootstrap_model(cfg)  # before the children start: they find it built
+    servers = start_servers(cfg, model_path)
+    watcher = CheckpointWatcher.from_config(
+        cfg.inference,
+        store,
+        servers.addresses,
+        cache_dir=Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial / "eval",
+        ack_ttl_s=cfg.storage.ack_ttl_s,
+    )
+    stop = threading.Event()
+    try:
+        before = evaluate_policy(cfg, servers.addresses, label="before", min_version=0, metrics=sink)
+        watcher.start()
+        runs = trigger_children(cfg, parameters, tracker.run_id if tracker else None)
+        evals_f = eval_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop)
+        try:
+            states = wait_children(cfg, runs)
+        finally:
+            stop.set()
+        evals_f.result()
+        done = store.is_done() or {}
+        final = int(done.get("version", 0))
+        after = evaluate_policy(cfg, servers.addresses, label="after", min_version=final, metrics=sink)
+    finally:
+        stop.set()
+        watcher.stop()
+        stop_servers(servers)
+    train = {**done, "final_version": final, "flow_run_id": runs[TRAIN], "state": states[TRAIN]}
+    rollout = {
+        "workers": cfg.orchestration.n_rollout_workers,
+        "completed": sum(1 for n, s in states.items() if n != TRAIN and s == "Completed"),
+        "flow_runs": {n: fid for n, fid in runs.items() if n != TRAIN},
+    }
+    return {"before": before, "after": after, "train": train, "rollout": rollout}

@@ -1,0 +1,70 @@
+"""Joining a run's long-lived loops, and saying which one failed and why.
+
+What it is: ``join_loops(futures, stop)``: waits for the primary loop (the trainer: the run ends with
+it), then sets ``stop`` so the other loops end, then waits for them. A loop that raised becomes a
+``LoopFailedError`` that names it, quotes its error (chained as ``__cause__``) and says where the trainer
+stopped. Every loop sets ``stop`` when it fails, so the others stop soon after: the trainer finishes
+its step, writes a resume point and returns ``stopped``; the rollout and eval loops return.
+
+A cancelled loop (``tasks.runtime.is_interruption``) is re-raised as it is when no loop failed, so the
+run ends Cancelled. When several loops raised, the first failure in ``CAUSE_ORDER`` is reported (a trainer that timed out
+waiting for data is a consequence of a dead rollout, not the cause) and the others are named after it.
+
+What it is not: a scheduler (the flow submits the loops) or a retry policy.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from prefect import get_run_logger
+
+from rollflow.api.errors import LoopFailedError
+from tasks.runtime import is_interruption
+
+CAUSE_ORDER = ("rollout-loop", "eval-loop", "train-loop")
+
+
+def join_loops(
+    futures: Mapping[str, Any], stop: threading.Event, *, primary: str = "train-loop"
+) -> dict[str, Any]:
+    """Results by loop name; raises ``LoopFailedError`` for the loop that failed (see the module docstring)."""
+    results: dict[str, Any] = {}
+    errors: dict[str, BaseException] = {}
+    try:
+        results[primary] = futures[primary].result()
+    except BaseException as e:  # noqa: BLE001 (re-raised below as LoopFailedError, or as is)
+        errors[primary] = e
+    finally:
+        stop.set()
+    for name, fut in futures.items():
+        if name == primary:
+            continue
+        try:
+            results[name] = fut.result()
+        except BaseException as e:  # noqa: BLE001
+            errors[name] = e
+    if not errors:
+        return results
+    for e in errors.values():
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            raise e
+    # A loop that was cancelled (Ctrl-C, SIGTERM, a cancel from the UI) is not a failure: when no loop
+    # really failed the run ends Cancelled, and a real failure is reported over the cancellations it caused.
+    interruptions = [e for e in errors.values() if is_interruption(e)]
+    errors = {n: e for n, e in errors.items() if not is_interruption(e)}
+    if not errors:
+        raise interruptions[0]
+    order = [n for n in CAUSE_ORDER if n in errors] + [n for n in errors if n not in CAUSE_ORDER]
+    name, err = order[0], errors[order[0]]
+    message = f"{type(err).__name__}: {err}"
+    trained = results.get(primary)
+    if isinstance(trained, Mapping) and "final_version" in trained:
+        how = "wrote its resume point" if trained.get("stopped") else "had finished"
+        message += f"; the trainer stopped at version {trained['final_version']} and {how}"
+    for other in order[1:]:
+        message += f"; {other} also failed: {type(errors[other]).__name__}: {errors[other]}"
+    get_run_logger().error("%s failed: %s", name, message)
+    raise LoopFailedError(name, message) from err

@@ -1,0 +1,256 @@
+"""Distributed async-rl end to end: the parent flow triggers 2 `rollout` deployment runs and 1 `train`
+deployment run on a process work pool, all on one moto S3 root and one MLflow server.
+
+Real parts: a Prefect server, a process work pool with a `prefect worker`, `prefect deploy` of the
+rollout and train flows, moto's S3 server, `mlflow server`, and a CPU inference server per rollout
+worker (plus the parent's own, for evaluation). The parent runs in this process.
+
+Asserts: the run completes and the final model is registered; every group the trainer took was
+committed and taken once, and taken + dropped as stale never exceeds what was committed; every trained
+group was within the staleness bound; both writers' groups were trained on; MLflow holds the
+trainer's metrics and the evals in the parent run and each rollout worker's metrics in a nested run.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+POOL = "rollflow-dist-test"
+STEPS = 10
+MAX_STALENESS = 2
+
+DEPLOY_YAML = """
+name: rollflow-dist-test
+prefect-version: 3.8.8
+build: null
+push: null
+pull:
+  - prefect.deployments.steps.set_working_directory:
+      directory: "{root}"
+deployments:
+  - name: dist-test
+    entrypoint: flows/rollout.py:rollout
+    work_pool: {{name: {pool}}}
+  - name: dist-test
+    entrypoint: flows/train.py:train
+    work_pool: {{name: {pool}}}
+"""
+
+
+def _prefect(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "prefect"), "--no-prompt", *args],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def _deploy_and_start_worker(env: dict[str, str], tmp_path: Path) -> subprocess.Popen[bytes]:
+    res = _prefect(env, "work-pool", "create", POOL, "--type", "process", "--overwrite")
+    assert res.returncode == 0, res.stdout + res.stderr
+    spec = tmp_path / "prefect.yaml"
+    spec.write_text(DEPLOY_YAML.format(root=ROOT, pool=POOL))
+    res = _prefect(env, "deploy", "--all", "--prefect-file", str(spec))
+    assert res.returncode == 0, res.stdout + res.stderr
+    worker_log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 (outlives this block)
+    return subprocess.Popen(
+        [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--limit", "4"],
+        env=env, cwd=ROOT, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def _overrides(trial: str, root: str, options: dict, mlflow_server: str, tmp_path: Path) -> list[str]:
+    return [
+        "experiment=dist-arith",
+        f"trial={trial}",
+        f"storage.root={root}",
+        f"storage.options={json.dumps(options)}",
+        f"storage.local_cache={tmp_path / 'cache'}",
+        f"model.path={tmp_path / 'model'}",
+        "model.tiny.warm_start_steps=20",
+        f"tracking.mlflow_tracking_uri={mlflow_server}",
+        f"train.steps={STEPS}",
+        "train.batch_size=8",
+        "train.data_wait_timeout_s=300",
+        f"rollout.max_staleness={MAX_STALENESS}",
+        "eval.every_n_versions=3",
+        "eval.n_prompts=16",
+        "orchestration.mode=distributed",
+        "orchestration.n_rollout_workers=2",
+        "orchestration.rollout_deployment=rollout/dist-test",
+        "orchestration.train_deployment=train/dist-test",
+        "orchestration.deployment_timeout_s=1200",
+    ]
+
+
+def test_two_rollout_workers_and_a_trainer_as_deployment_runs(
+    use_prefect_server: str,
+    prefect_env: dict[str, str],
+    s3_server: object,
+    mlflow_server: str,
+    stop_process_group: Callable[..., None],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flows.async_rl import async_rl
+    from storage.fs import Storage
+    from storage.shards import ShardReader
+
+    monkeypatch.chdir(ROOT)
+    worker = _deploy_and_start_worker(dict(prefect_env), tmp_path)
+    root = f"s3://{s3_server.bucket}/dist"  # type: ignore[attr-defined]
+    options = s3_server.options  # type: ignore[attr-defined]
+    overrides = _overrides("dist-test", root, options, mlflow_server, tmp_path)
+    try:
+        summary = async_rl(config="configs/tiny_cpu.yaml", overrides=overrides)
+    except BaseException:
+        print((tmp_path / "worker.log").read_text()[-20000:])
+        raise
+    finally:
+        stop_process_group(worker)
+
+    assert summary["final_version"] == STEPS
+    assert summary["registered_model"] == "dist-arith-policy v1", summary
+    assert summary["rollout"]["completed"] == 2, summary
+
+    # --- storage: exactly once, within the bound, both writers ---
+    storage = Storage.open(root, "dist-arith", "dist-test", options)
+    committed = {g.group_id: g for g in ShardReader(storage).take(100_000).groups}
+    steps = [storage.get_json(f"trainer/consumed/step-{s:08d}.json") for s in range(1, STEPS + 1)]
+    taken = [gid for st in steps for gid in st["groups"]]
+    assert len(taken) == STEPS * 8 and len(set(taken)) == len(taken)  # each group trained once
+    assert set(taken) <= set(committed)
+    done = storage.get_json("trainer/DONE.json")
+    assert done["groups_consumed"] == len(taken)
+    assert len(taken) + done["dropped_stale"] <= len(committed)
+    for st in steps:  # step s trained at version s - 1 on groups no older than the bound
+        assert min(st["head_versions"]) >= st["step"] - 1 - MAX_STALENESS, st
+
+    def writer(gid: str) -> str:
+        return committed[gid].rows[0].writer.rsplit("-", 1)[0]  # the writer id less its random suffix
+
+    by_writer = Counter(writer(gid) for gid in committed)
+    trained_by = Counter(writer(gid) for gid in taken)
+    assert set(by_writer) == {"rollout-w0", "rollout-w1"}, by_writer  # both committed groups...
+    assert set(trained_by) == {"rollout-w0", "rollout-w1"}, (trained_by, by_writer)  # ...that were trained
+
+    # --- MLflow: trainer + evals in the parent run, each rollout worker in a nested run ---
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    for name in ("train/loss", "train/reward_mean", "eval/accuracy"):
+        assert client.get_metric_history(run.info.run_id, name), f"{name} missing in the parent run"
+    assert len(client.get_metric_history(run.info.run_id, "train/loss")) == STEPS
+    children = client.search_runs(
+        [run.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run.info.run_id}'"
+    )
+    assert sorted(c.data.tags["rollflow.role"] for c in children) == ["rollout-0", "rollout-1"]
+    for c in children:
+        assert c.info.status == "FINISHED"
+        assert any(k.startswith("rollout/") for k in c.data.metrics), c.data.metrics
+
+
+def _flow_run_pid(flow_run_id: str) -> int | None:
+    """The pid of the process a process worker runs ``flow_run_id`` in (found by its environment)."""
+    needle = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0"):
+                return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
+def test_kill_9_one_rollout_worker_and_the_run_completes(
+    use_prefect_server: str,
+    prefect_env: dict[str, str],
+    s3_server: object,
+    mlflow_server: str,
+    stop_process_group: Callable[..., None],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the trainer published v2 and worker 1 has committed a shard, its flow-run process gets
+    SIGKILL. The worker reports the run Crashed, the parent logs it and goes on, the other worker and
+    the trainer finish, and nothing worker 1 committed is trained twice."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from flows.async_rl import async_rl
+    from storage import keys
+    from storage.fs import Storage
+    from storage.shards import ShardReader
+
+    monkeypatch.chdir(ROOT)
+    worker = _deploy_and_start_worker(dict(prefect_env), tmp_path)
+    root = f"s3://{s3_server.bucket}/dist-fault"  # type: ignore[attr-defined]
+    options = s3_server.options  # type: ignore[attr-defined]
+    overrides = _overrides("dist-fault", root, options, mlflow_server, tmp_path)
+    overrides.append("experiment=dist-fault")  # its own registered model name
+    storage = Storage.open(root, "dist-fault", "dist-fault", options)
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["summary"] = async_rl(config="configs/tiny_cpu.yaml", overrides=overrides)
+        except BaseException as e:  # reported below
+            result["error"] = e
+
+    ctx = contextvars.copy_context()  # use_prefect_server's settings live in a context var
+    t = threading.Thread(target=ctx.run, args=(run,), daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 900
+        victim = None
+        while victim is None:
+            assert t.is_alive(), f"the run ended before the kill: {result}"
+            assert time.monotonic() < deadline, "worker 1 never committed while v2 was out"
+            time.sleep(1.0)
+            latest = storage.get_json(keys.LATEST_KEY) if storage.exists(keys.LATEST_KEY) else {}
+            w1 = [k for k in storage.list("trajectories/commits") if "/rollout-w1-" in k]
+            if latest.get("version", -1) < 2 or not w1:
+                continue
+            with get_client(sync_client=True) as client:
+                runs = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["rollout-dist-fault-1"]))
+                )
+            victim = _flow_run_pid(str(runs[0].id)) if runs else None
+        os.kill(victim, signal.SIGKILL)
+        t.join(1200)
+        assert not t.is_alive(), "the run did not finish after a rollout worker was killed"
+    finally:
+        stop_process_group(worker)
+    if "error" in result:
+        print((tmp_path / "worker.log").read_text()[-20000:])
+    assert "error" not in result, repr(result.get("error"))
+    summary = result["summary"]
+    assert summary["final_version"] == STEPS
+    assert summary["rollout"]["completed"] == 1, summary  # the killed one ended Crashed
+    committed = {g.group_id for g in ShardReader(storage).take(100_000).groups}
+    taken = [
+        gid
+        for s in range(1, STEPS + 1)
+        for gid in storage.get_json(f"trainer/consumed/step-{s:08d}.json")["groups"]
+    ]
+    assert len(set(taken)) == len(taken) == STEPS * 8 and set(taken) <= committed
