@@ -18,8 +18,6 @@ export TOKENIZERS_PARALLELISM := false
 # Idle OpenMP threads sleep rather than spin, so the trainer and the inference server can each use every
 # core while the other waits (spinning threads made 2-thread torch 4-7x slower on a busy 2-core machine).
 export OMP_WAIT_POLICY ?= PASSIVE
-# Show the core's progress lines (trainer steps, weight updates) in Prefect's run logs.
-export PREFECT_LOGGING_EXTRA_LOGGERS ?= rollflow,storage,infra
 
 .PHONY: install demo test test-fast lint format docs bench bench-peer clean
 
@@ -37,8 +35,8 @@ install: $(STAMP)
 # DEMO_CONFIG=configs/tiny_cpu.yaml is the 1-minute smoke test, configs/tiny_hard2.yaml the second family.
 DEMO_CONFIG ?= configs/tiny_hard.yaml
 demo: install  ## bootstrap the tiny model and run async GRPO on the embedded default
-	# a fresh trial per demo (re-running a trial resumes it); pass ARGS="trial=NAME ..." to choose
-	$(PY) -m flows.async_rl --config $(DEMO_CONFIG) trial=demo-$$(date +%Y%m%d-%H%M%S) $(ARGS)
+	# a new trial per demo; continue one with `.venv/bin/rollflow resume NAME --config $(DEMO_CONFIG)`
+	$(PY) -m flows.async_rl --config $(DEMO_CONFIG) $(ARGS)
 
 test: install trl-venv  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
 	$(VENV)/bin/pytest -q -ra $(PYTEST_ARGS)

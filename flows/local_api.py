@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra.servers import _die_with_parent, free_port
+from infra.servers import free_port, start_servers
 
 
 def _healthy(url: str) -> bool:
@@ -32,45 +31,47 @@ def _healthy(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def local_prefect_api(startup_timeout_s: float = 120.0) -> Iterator[str | None]:
-    """Yield the API URL in use (None when one was already configured)."""
+def local_prefect_api(startup_timeout_s: float = 300.0) -> Iterator[str | None]:
+    """Yield the API URL in use (None when one was already configured).
+
+    A first start on a fresh ``PREFECT_HOME`` migrates the database, which takes a while on a busy
+    machine; hence the generous timeout."""
     if os.environ.get("PREFECT_API_URL"):
         yield None
         return
     import prefect
+    from prefect.context import refresh_global_settings_context
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {
-        **os.environ,
         "PREFECT_UI_ENABLED": "0",
         "PREFECT__SERVER_EPHEMERAL": "1",
         "PREFECT__SERVER_FINAL": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     }
     cmd = [
         sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent),
         "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
         "--log-level", "error", "--lifespan", "on",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509 (prctl only)
+    # infra's launcher gives the child a parent-death signal; its /health is under /api here
+    group = start_servers([cmd], [f"127.0.0.1:{port}"], env=env, name="prefect-api", shutdown_timeout_s=10)
+    (server,) = group.servers
     try:
         deadline = time.monotonic() + startup_timeout_s
         while not _healthy(url):
-            if proc.poll() is not None:
-                raise RuntimeError(f"the local Prefect API server exited with code {proc.returncode}")
+            if server.process.poll() is not None:
+                raise RuntimeError(f"the local Prefect API server exited:\n{server.log_tail()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the local Prefect API server did not answer within {startup_timeout_s}s")
             time.sleep(0.2)
+        # every thread must see it: Prefect's log and event workers run outside this thread's context
+        # and, finding no API URL, would start Prefect's own untied temporary server
         os.environ["PREFECT_API_URL"] = url
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings({PREFECT_API_URL: url}):
-            yield url
+        refresh_global_settings_context()
+        yield url
     finally:
         os.environ.pop("PREFECT_API_URL", None)
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        refresh_global_settings_context()
+        group.stop()

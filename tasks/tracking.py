@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -29,13 +30,28 @@ class PrefixSink:
 
 
 class ProgressSink:
-    """Forward metrics and move a Prefect progress artifact to ``step / total``."""
+    """Forward metrics and move a Prefect progress artifact to ``step / total`` at milestones.
 
-    def __init__(self, inner: MetricsSink, total_steps: int, key: str = "train-progress") -> None:
+    The artifact moves only when progress crosses the next ``milestone_pct`` boundary (10 %, 20 %, ...)
+    and at the last step: each update is an event that ``prefect deployment run --watch`` prints, so a
+    100-step run shows 10 lines instead of 100."""
+
+    def __init__(
+        self,
+        inner: MetricsSink,
+        total_steps: int,
+        key: str = "train-progress",
+        *,
+        milestone_pct: float = 10.0,
+        publish: Callable[[float], None] | None = None,
+    ) -> None:
         self.inner = inner
         self.total = max(1, total_steps)
         self.key = key
+        self.milestone_pct = milestone_pct
+        self._publish = publish or self._prefect_publish
         self._artifact: UUID | None = None
+        self._shown = -1.0  # progress last published
         self._lock = threading.Lock()
 
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
@@ -43,18 +59,26 @@ class ProgressSink:
         if step is None:
             return
         progress = min(100.0, 100.0 * step / self.total)
+        with self._lock:
+            crossed = progress // self.milestone_pct > self._shown // self.milestone_pct
+            if not crossed and not (progress >= 100.0 > self._shown):
+                return
+            self._shown = progress
         try:
-            from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-            with self._lock:
-                if self._artifact is None:
-                    self._artifact = create_progress_artifact(
-                        progress, key=self.key, description="training steps done / planned"
-                    )
-                else:
-                    update_progress_artifact(self._artifact, progress)
+            self._publish(progress)
         except Exception as exc:  # the UI nicety must never stop training
             log.debug("progress artifact update failed: %s", exc)
+
+    def _prefect_publish(self, progress: float) -> None:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        with self._lock:
+            if self._artifact is None:
+                self._artifact = create_progress_artifact(
+                    progress, key=self.key, description="training steps done / planned"
+                )
+            else:
+                update_progress_artifact(self._artifact, progress)
 
 
 def table_artifact(rows: list[dict[str, Any]], key: str, description: str) -> None:
