@@ -327,9 +327,11 @@ class WorkflowExecutor:
         return len(self._tasks)
 
     def open_keys(self) -> list[Hashable]:
-        """Keys of episodes started but not committed: running, cancelled by close, or still buffered."""
+        """Keys of episodes not yet committed: taken from the source but not started, running, cancelled
+        by close, or still buffered."""
         running = [ep.key for ep in self._tasks.values()]
-        return running + self._cancelled_keys + [key for _, key in self._buffered]
+        queued = [key for key, _, _ in self._inputs]
+        return queued + running + self._cancelled_keys + [key for _, key in self._buffered]
 
     def submit_io(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the writer thread after the writer calls queued so far (loop thread only)."""
