@@ -85,8 +85,7 @@ def test_first_poll_acks_the_version_already_served(
     assert (w2.poll_interval_s, w2.request_timeout_s, w2.api_key) == (0.3, 9.0, "k")
 
 
-@pytest.mark.parametrize("pause_mode", ["abort", "retract"])
-def test_update_in_the_middle_of_a_long_generation(
+def _update_mid_generation(
     pause_mode: str,
     server: Any,
     store: CheckpointStore,
@@ -94,7 +93,11 @@ def test_update_in_the_middle_of_a_long_generation(
     tiny_model_dir: Path,
     tiny_model_dir_b: Path,
     inference_lib: Any,
+    new_version: int,
 ) -> None:
+    """A long greedy generation on ``server`` (serving ``tiny_model_dir``) across the publish of
+    ``tiny_model_dir_b`` as ``new_version``: tokens before the update are the old policy's, after it
+    the new policy's continuation of prompt + prefix, each with its own version and logprob."""
     addr = server.addresses[0]
     sink = InMemorySink()
     n_new = 1000
@@ -121,17 +124,18 @@ def test_update_in_the_middle_of_a_long_generation(
             while control_call(addr, "/get_server_info")["internal_states"][0]["running_output_tokens"] < 60:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.01)
-            await asyncio.to_thread(store.publish, tiny_model_dir_b, 1)
+            await asyncio.to_thread(store.publish, tiny_model_dir_b, new_version)
             result = await task
-            assert client.get_version() == 1
+            assert client.get_version() == new_version
             return result, w
         finally:
             w.stop()
             await client.aclose()
 
     r, w = asyncio.run(go())
-    k = r.output_versions.index(1)
-    assert 60 <= k < n_new and r.output_versions == [0] * k + [1] * (n_new - k)
+    k = r.output_versions.index(new_version)
+    old = r.output_versions[0]
+    assert 60 <= k < n_new and r.output_versions == [old] * k + [new_version] * (n_new - k)
     assert len(r.output_ids) == n_new and r.finish_reason == "length"
     # abort: the server returned the partial output and the client re-submitted it; retract: the server
     # kept the request, recomputed its KV cache under the new weights and went on (no round trip).
@@ -151,9 +155,39 @@ def test_update_in_the_middle_of_a_long_generation(
             max(abs(a - b) for a, b in zip(r.output_logprobs[lo - n_p : hi - n_p], ref, strict=True)) < 1e-4
         )
     ev = w.events[-1]
-    assert ev.kind == "update" and ev.version == 1 and 0 < ev.pause_s < 5 and 0 < ev.publish_to_serving_s < 10
-    assert sink.last("watcher/version") == 1.0 and sink.last("watcher/pause_s") == ev.pause_s
-    assert served_version(addr) == "1"
+    assert (
+        ev.kind == "update"
+        and ev.version == new_version
+        and 0 < ev.pause_s < 5
+        and 0 < ev.publish_to_serving_s < 10
+    )
+    assert sink.last("watcher/version") == float(new_version) and sink.last("watcher/pause_s") == ev.pause_s
+    assert served_version(addr) == str(new_version)
+
+
+def test_update_in_the_middle_of_a_long_generation(
+    server: Any,
+    store: CheckpointStore,
+    cache_dir: Path,
+    tiny_model_dir: Path,
+    tiny_model_dir_b: Path,
+    inference_lib: Any,
+) -> None:
+    _update_mid_generation(
+        "abort", server, store, cache_dir, tiny_model_dir, tiny_model_dir_b, inference_lib, 1
+    )
+
+
+def test_update_with_pause_mode_retract_keeps_requests_on_the_server(
+    tmp_path: Path, tiny_model_dir: Path, tiny_model_dir_b: Path, inference_lib: Any
+) -> None:
+    """inference.update_pause_mode=retract: same tokens and version spans as abort, no client round trip."""
+    own = CheckpointStore(Storage.open(str(tmp_path / "store"), "exp", "retract"))
+    own.publish(tiny_model_dir, 0)
+    with inference_lib.launch_cpu_servers(tiny_model_dir, 1) as fresh:
+        _update_mid_generation(
+            "retract", fresh, own, tmp_path / "cache", tiny_model_dir, tiny_model_dir_b, inference_lib, 1
+        )
 
 
 def test_corrupt_checkpoint_keeps_the_old_version_serving(

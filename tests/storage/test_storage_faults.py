@@ -62,7 +62,7 @@ def test_retried_conditional_put_is_not_a_conflict(s3_server, trial: str, fault:
         w = ShardWriter(storage, "w", flush_rows=2)
         proxy.rule = _first_conditional_put(fault)  # type: ignore[assignment]
         assert w.add(make_group("g0")) is not None and proxy.stats[fault] == 2
-        assert w.stats == {"rows": 2, "groups": 1, "shards": 1}
+        assert w.stats == {"rows": 2, "groups": 1, "shards": 1, "evicted": 0}
     groups = ShardReader(_open_direct(s3_server, trial)).take(10).groups
     assert [g.group_id for g in groups] == ["g0"]
 
