@@ -35,10 +35,11 @@ from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future as ConcurrentFuture
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from rollflow.api.errors import RolloutFailureError
 from rollflow.api.inference import InferenceClient
+from rollflow.api.stores import ShardSink
 from rollflow.api.workflow import RolloutWorkflow, import_string
 from rollflow.rollout.staleness import StalenessManager
 from storage.schema import TrajectoryGroup
@@ -47,16 +48,6 @@ logger = logging.getLogger(__name__)
 
 RejectReason = Literal["none", "empty", "filtered", "stale"]
 ShouldAcceptFn = Callable[[TrajectoryGroup], bool]
-
-
-class GroupWriter(Protocol):
-    """``storage.shard_writer.ShardWriter``: each call returns a record (truthy) once all it buffered is committed."""
-
-    def add(self, group: TrajectoryGroup) -> Any: ...
-
-    def maybe_flush(self) -> Any: ...
-
-    def flush(self) -> Any: ...
 
 
 @dataclass
@@ -127,7 +118,7 @@ class WorkflowExecutor:
         client: InferenceClient,
         staleness: StalenessManager,
         *,
-        writer: GroupWriter | None = None,
+        writer: ShardSink | None = None,
         version_fn: Callable[[], int] | None = None,
         should_accept_fn: ShouldAcceptFn | str | None = None,
         max_failure_rate: float = 0.2,
