@@ -7,6 +7,9 @@ This module is pure functions and constants: it does NO I/O and knows nothing ab
 trajectories/data/{writer}-{uid}.parquet                  immutable shard, one put
 trajectories/commits/v{head:06d}/{writer}-{seq:08d}.json  commit record (partition = min head version)
 trajectories/quarantine/{commit_id}.json                  record of a shard that failed verification
+trajectories/credits/v{P:06d}/{commit_id}.json           groups of a commit dropped as stale (storage.credits)
+prompts/claims/{b // 1000:06d}/{b:010d}.json             prompt block b claimed by a worker (storage.prompt_claims)
+prompts/takeovers/{b:010d}-{gen:03d}.json                a dead worker's block adopted (storage.prompt_claims)
 checkpoints/v{N:06d}/...                                  HF save_pretrained dir
 checkpoints/v{N:06d}/COMMIT.json                          written last: the checkpoint exists iff this does
 checkpoints/v{N:06d}/acks/{server}.json                   a server serves N
