@@ -121,9 +121,7 @@ async def _await_children(cfg: ExperimentConfig, runs: dict[str, str]) -> dict[s
         finally:
             for t in waits:  # the parent itself is being cancelled or timed out
                 t.cancel()
-    details = "; ".join(
-        f"{n} {runs[n]}: {s.name} ({s.message or 'no message'})" for n, s in states.items()
-    )
+    details = "; ".join(f"{n} {runs[n]}: {s.name} ({s.message or 'no message'})" for n, s in states.items())
     if not states[TRAIN].is_completed():
         cause = "rollout-loop" if TRAIN in cancelled else TRAIN
         raise LoopFailedError(cause, f"the distributed run did not complete. Child flow runs: {details}")

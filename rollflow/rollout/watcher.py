@@ -125,6 +125,14 @@ class WatcherEvent:
     message: str = ""
 
 
+@dataclass
+class _CatchUp:
+    """The reference ``_load`` gets for a version already served (no publish latency to record)."""
+
+    version: int
+    created_at: float | None = None
+
+
 def default_server_id(address: str) -> str:
     """A storage-safe id for an ack: ``host_port``, prefixed with this hostname for loopback addresses."""
     a = re.sub(r"^https?://", "", address).rstrip("/")
@@ -417,11 +425,9 @@ class CheckpointWatcher:
         attempts, not_before = self._failures.get(v, (0, 0.0))
         if time.monotonic() < not_before:
             return
-        logger.warning(
-            "server(s) %s serve %s, not v%d (restarted?): loading v%d",
-            [a for a in behind if self._served[a] != v], [self._served[a] for a in behind if self._served[a] != v], v, v,
-        )  # fmt: skip
-        self._load(v, type("Ref", (), {"version": v, "created_at": None})(), attempts)
+        lagging = {a: self._served[a] for a in behind if self._served[a] != v}
+        logger.warning("server(s) serve %s, not v%d (restarted?): loading v%d into them", lagging, v, v)
+        self._load(v, _CatchUp(v), attempts)
 
     def _mark_unreachable(self, addr: str, message: str) -> None:
         if addr not in self._unreachable:

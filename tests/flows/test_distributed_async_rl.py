@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # whole runs on a shared 2-core machine
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -50,6 +50,9 @@ deployments:
     work_pool: {{name: {pool}}}
   - name: dist-test
     entrypoint: flows/train.py:train
+    work_pool: {{name: {pool}}}
+  - name: dist-test
+    entrypoint: flows/async_rl.py:async_rl
     work_pool: {{name: {pool}}}
 """
 
@@ -254,3 +257,64 @@ def test_kill_9_one_rollout_worker_and_the_run_completes(
         for gid in storage.get_json(f"trainer/consumed/step-{s:08d}.json")["groups"]
     ]
     assert len(set(taken)) == len(taken) == STEPS * 8 and set(taken) <= committed
+
+
+def test_cancelling_the_parent_cancels_the_children(
+    prefect_server: str,
+    prefect_env: dict[str, str],
+    s3_server: object,
+    mlflow_server: str,
+    stop_process_group: Callable[..., None],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`prefect deployment run 'async-rl/dist-test'`, then `prefect flow-run cancel` of it once its three
+    children run: every child ends Cancelled and no child flow-run process or inference server is left."""
+    env = dict(prefect_env)
+    worker = _deploy_and_start_worker(env, tmp_path)
+    root = f"s3://{s3_server.bucket}/dist-cancel"  # type: ignore[attr-defined]
+    options = s3_server.options  # type: ignore[attr-defined]
+    overrides = [*_overrides("dist-cancel", root, options, mlflow_server, tmp_path), "train.steps=100000"]
+    try:
+        res = _prefect(
+            env, "deployment", "run", "async-rl/dist-test", "--param", f"overrides={json.dumps(overrides)}"
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        parent = next(line.split()[-1] for line in res.stdout.splitlines() if "UUID" in line)
+        names = ["train-dist-cancel", "rollout-dist-cancel-0", "rollout-dist-cancel-1"]
+        deadline = time.monotonic() + 900
+        while True:
+            children = {r["name"]: r for r in _flow_runs(env, names)}
+            if len(children) == 3 and all(r["state"]["type"] == "RUNNING" for r in children.values()):
+                break
+            assert time.monotonic() < deadline, f"children never all ran: {children}"
+            time.sleep(2)
+        pids = [_flow_run_pid(r["id"]) for r in children.values()]
+        assert all(pids), pids
+        res = _prefect(env, "flow-run", "cancel", parent)
+        assert res.returncode == 0, res.stdout + res.stderr
+        deadline = time.monotonic() + 300
+        while True:
+            states = {r["name"]: r["state"]["type"] for r in _flow_runs(env, names)}
+            if all(st == "CANCELLED" for st in states.values()):
+                break
+            assert time.monotonic() < deadline, f"children not cancelled: {states}"
+            time.sleep(2)
+        deadline = time.monotonic() + 60
+        while any(Path(f"/proc/{pid}").exists() for pid in pids):
+            assert time.monotonic() < deadline, "a child flow-run process outlived the cancellation"
+            time.sleep(1)
+    finally:
+        stop_process_group(worker)
+
+
+def _flow_runs(env: dict[str, str], names: list[str]) -> list[dict[str, Any]]:
+    """Flow runs by name, through the API (id, name, state)."""
+    import urllib.request
+
+    body = json.dumps({"flow_runs": {"name": {"any_": names}}}).encode()
+    req = urllib.request.Request(
+        env["PREFECT_API_URL"] + "/flow_runs/filter", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())

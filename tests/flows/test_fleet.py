@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # whole runs on a shared 2-core machine
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 14
