@@ -172,17 +172,14 @@ def test_the_documented_day(
         assert str(client.get_model_version_by_alias(MODEL, "latest-rl").version) == "1"
 
         # trainer lines reach the flow run's logs without PREFECT_LOGGING_EXTRA_LOGGERS
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTextSearch
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-        with temporary_settings({PREFECT_API_URL: prefect_server}), get_client(sync_client=True) as pc:
-            logs = pc.read_logs(
-                LogFilter(
-                    flow_run_id=LogFilterFlowRunId(any_=[first["id"]]),
-                    text=LogFilterTextSearch(query="loss="),
-                )
-            )
+        logs: list[Any] = []
+        with _client(env) as pc:
+            while page := pc.read_logs(
+                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[first["id"]])), limit=200, offset=len(logs)
+            ):
+                logs += page
         trainer = [log for log in logs if log.name == "rollflow.training.trainer" and "loss=" in log.message]
         assert trainer, [(log.name, log.message) for log in logs][-20:]
 
@@ -244,7 +241,8 @@ def test_the_documented_day(
         with _client(env) as pc:
             tasks = pc.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
         loops = {t.name.rsplit("-", 1)[0]: t.state.type.value for t in tasks if "loop" in t.name}
-        assert loops and set(loops.values()) == {"CANCELLED"}, loops
+        # the interrupted loops end Cancelled (the eval loop, off with every_n_versions=0, had completed)
+        assert loops.get("train-loop") == loops.get("rollout-loop") == "CANCELLED", loops
         assert mlflow_run(run_id).info.status == "KILLED"
 
         # -- the notebook triggers the deployment and draws its plot inline -----------------------
@@ -260,18 +258,9 @@ def test_the_documented_day(
             "PREFECT_API_URL": prefect_server,
             "PREFECT_HOME": env["PREFECT_HOME"],
         }
-        old = {k: os.environ.get(k) for k in nb_env}
-        os.environ.update(nb_env)
-        try:
-            NotebookClient(
-                nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
-            ).execute()
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        NotebookClient(  # the kernel gets the notebook's parameters in its environment
+            nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+        ).execute(env={**os.environ, **nb_env})
         texts = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
         assert "deployment run async-rl-demo-" in texts and "Completed" in texts, texts[-2000:]
         assert any(
