@@ -196,14 +196,13 @@ def _report_finished(cfg: ExperimentConfig, done: dict[str, Any], logger: Any) -
         from rollflow.tracking.mlflow_tracker import MlflowTracker
 
         run = MlflowTracker(cfg).find_run()
-    logger.info(
-        "trial %s already finished at version %s; nothing to do", cfg.trial, done.get("final_version")
-    )
+    final = int(done.get("version", 0))  # the trainer's DONE.json
+    logger.info("trial %s already finished at version %d; nothing to do", cfg.trial, final)
     return {
         "experiment": cfg.experiment,
         "trial": cfg.trial,
         "already_finished": True,
-        "final_version": int(done.get("final_version", done.get("version", 0))),
+        "final_version": final,
         "mlflow_run_id": run.info.run_id if run else None,
         "registered_model": (run.data.tags.get("rollflow.registry.version") if run else None),
     }

@@ -38,9 +38,9 @@ def test_existing_trial_needs_resume_and_finished_trial_is_reported(tmp_path: Pa
         choose_trial("demo", named="t1", resume=False, open_storage=_opener(tmp_path))
     plan = choose_trial("demo", named="t1", resume=True, open_storage=_opener(tmp_path))
     assert (plan.trial, plan.state, plan.resume) == ("t1", "unfinished", True)
-    CheckpointStore(st).mark_done({"final_version": 4})
+    CheckpointStore(st).mark_done({"version": 4})
     plan = choose_trial("demo", named="t1", resume=True, open_storage=_opener(tmp_path))
-    assert plan.state == "finished" and plan.done["final_version"] == 4
+    assert plan.state == "finished" and plan.done["version"] == 4
 
 
 def test_resume_needs_an_existing_trial(tmp_path: Path) -> None:

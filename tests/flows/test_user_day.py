@@ -30,7 +30,7 @@ BIN = Path(sys.executable).parent
 TAG = "ROLLFLOW_TEST_TAG=user-day"
 MODEL = "tiny-arith-policy"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 def _prefect(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -60,8 +60,18 @@ def _tagged_server_pids() -> list[int]:
     return pids
 
 
+def _client(env: dict[str, str]) -> Any:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        return get_client(sync_client=True)
+
+
 def _flow_run(env: dict[str, str], flow_run_id: str) -> dict[str, Any]:
-    return json.loads(_ok(_prefect(env, "flow-run", "inspect", flow_run_id, "--output", "json")))
+    with _client(env) as client:
+        fr = client.read_flow_run(flow_run_id)
+    return {"id": str(fr.id), "name": fr.name, "state": {"type": fr.state.type.value if fr.state else None}}
 
 
 def _run_deployment(env: dict[str, str], name: str, worker_log: Path, **params: Any) -> dict[str, Any]:
@@ -93,17 +103,23 @@ def test_the_documented_day(
     # the GPU file: no image is an error; with one, gpu_count follows the config
     res = _prefect(env, "deploy", "--all", "--prefect-file", "prefect-gpu.yaml")
     assert res.returncode != 0 and "ROLLFLOW_IMAGE" in res.stdout + res.stderr, res.stdout[-2000:]
-    for pool, kind, template in (
-        ("rollflow-gpu-docker", "docker", "infra/work_pools/docker-gpu.json"),
-        ("rollflow-gpu-k8s", "kubernetes", "infra/work_pools/kubernetes-gpu.json"),
-    ):
-        _ok(_prefect(env, "work-pool", "create", pool, "--type", kind, "--base-job-template", template))
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    with _client(
+        env
+    ) as pc:  # the GPU pools, as `prefect work-pool create ... --base-job-template` makes them
+        for pool, kind, template in (
+            ("rollflow-gpu-docker", "docker", "infra/work_pools/docker-gpu.json"),
+            ("rollflow-gpu-k8s", "kubernetes", "infra/work_pools/kubernetes-gpu.json"),
+        ):
+            job_template = json.loads((ROOT / template).read_text())
+            pc.create_work_pool(WorkPoolCreate(name=pool, type=kind, base_job_template=job_template))
     gpu_env = {**env, "ROLLFLOW_IMAGE": "registry.example/rollflow:gpu"}
     _ok(_prefect(gpu_env, "deploy", "--all", "--prefect-file", "prefect-gpu.yaml"))
-    for name, gpus in (("rollout/gpu", 4), ("train/gpu", 8)):
-        dep = json.loads(_ok(_prefect(env, "deployment", "inspect", name, "--output", "json")))
-        assert dep["job_variables"]["gpu_count"] == gpus, dep["job_variables"]
-        assert dep["job_variables"]["image"] == "registry.example/rollflow:gpu"
+    with _client(env) as pc:
+        for name, gpus in (("rollout/gpu", 4), ("train/gpu", 8)):
+            jv = pc.read_deployment_by_name(name).job_variables
+            assert jv["gpu_count"] == gpus and jv["image"] == "registry.example/rollflow:gpu", jv
 
     worker_log = tmp_path / "worker.log"
     worker = subprocess.Popen(
@@ -119,7 +135,7 @@ def test_the_documented_day(
         f"storage.root={tmp_path / 'storage'}",
         f"storage.local_cache={tmp_path / 'cache'}",
         f"tracking.mlflow_tracking_uri={mlflow_uri}",
-        "eval.n_prompts=100",
+        "eval.n_prompts=64",
         "eval.every_n_versions=0",
     ]
 
@@ -153,16 +169,19 @@ def test_the_documented_day(
         assert run2.data.tags["rollflow.registry.reason"] == "eval-worse"
         versions = client.search_model_versions(f"name = '{MODEL}'")
         assert [v.run_id for v in versions] == [run1.info.run_id]
-        assert client.get_model_version_by_alias(MODEL, "latest-rl").version == "1"
+        assert str(client.get_model_version_by_alias(MODEL, "latest-rl").version) == "1"
 
         # trainer lines reach the flow run's logs without PREFECT_LOGGING_EXTRA_LOGGERS
-        from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-        from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        with temporary_settings({PREFECT_API_URL: prefect_server}), get_client(sync_client=True) as pc:
-            logs = pc.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[first["id"]])))
-        assert any("loss=" in log.message for log in logs), [log.message for log in logs][-20:]
+        logs: list[Any] = []
+        with _client(env) as pc:
+            while page := pc.read_logs(
+                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[first["id"]])), limit=200, offset=len(logs)
+            ):
+                logs += page
+        trainer = [log for log in logs if log.name == "rollflow.training.trainer" and "loss=" in log.message]
+        assert trainer, [(log.name, log.message) for log in logs][-20:]
 
         # -- an explicit resume of the finished trial changes nothing ---------------------------
         n_loss = len(client.get_metric_history(run1.info.run_id, "train/loss"))
@@ -219,10 +238,11 @@ def test_the_documented_day(
             time.sleep(1)
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-        with temporary_settings({PREFECT_API_URL: prefect_server}), get_client(sync_client=True) as pc:
+        with _client(env) as pc:
             tasks = pc.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
         loops = {t.name.rsplit("-", 1)[0]: t.state.type.value for t in tasks if "loop" in t.name}
-        assert loops and set(loops.values()) == {"CANCELLED"}, loops
+        # the interrupted loops end Cancelled (the eval loop, off with every_n_versions=0, had completed)
+        assert loops.get("train-loop") == loops.get("rollout-loop") == "CANCELLED", loops
         assert mlflow_run(run_id).info.status == "KILLED"
 
         # -- the notebook triggers the deployment and draws its plot inline -----------------------
@@ -232,24 +252,15 @@ def test_the_documented_day(
         nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
         nb_env = {
             "ROLLFLOW_PROJECT_DIR": str(ROOT),
-            "ROLLFLOW_NB_STEPS": "4",
+            "ROLLFLOW_NB_STEPS": "2",
             "ROLLFLOW_NB_RUNS": str(tmp_path / "nb"),
             "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'nb' / 'mlflow' / 'mlflow.db'}",
             "PREFECT_API_URL": prefect_server,
             "PREFECT_HOME": env["PREFECT_HOME"],
         }
-        old = {k: os.environ.get(k) for k in nb_env}
-        os.environ.update(nb_env)
-        try:
-            NotebookClient(
-                nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
-            ).execute()
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        NotebookClient(  # the kernel gets the notebook's parameters in its environment
+            nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+        ).execute(env={**os.environ, **nb_env})
         texts = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
         assert "deployment run async-rl-demo-" in texts and "Completed" in texts, texts[-2000:]
         assert any(

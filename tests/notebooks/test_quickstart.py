@@ -35,18 +35,9 @@ def test_notebook_executes(use_prefect_server: str, tmp_path: Path) -> None:
         # (tests/flows/test_user_day.py drives the deployment branch with a worker)
         "ROLLFLOW_NB_DEPLOYMENT": "async-rl/not-deployed",
     }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the kernel inherits this process's environment
-    try:
-        NotebookClient(
-            nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
-        ).execute()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    NotebookClient(  # the kernel gets the notebook's parameters in its environment
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+    ).execute(env={**os.environ, **env})
     outputs = "".join(
         o.get("text", "")
         for c in nb.cells
