@@ -31,11 +31,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from rollflow.api.config import INFERENCE_WEIGHTS_ROOTS_ENV as WEIGHTS_ROOTS_ENV
 from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import ServerStartupError
 
@@ -252,8 +254,12 @@ def launch_local_servers(
     log_dir: str | Path | None = None,
     extra_args: list[str] | tuple[str, ...] = (),
     env: dict[str, Any] | None = None,
+    weights_roots: Sequence[str | Path] = (),
 ) -> ServerGroup:
     """Start ``cfg.n_servers`` CPU servers for ``model_path`` and wait until all answer /health.
+
+    ``weights_roots``: the only directories ``/update_weights_from_disk`` may load from (the checkpoint
+    store's local root and the watcher's cache; passed as ``$ROLLFLOW_WEIGHTS_ROOTS``); empty = any.
 
     Ports: ``cfg.base_port + i``, or free loopback ports when ``base_port`` is 0 (a port lost to a race is
     retried once with a new one). Each server uses ``cfg.server_threads`` torch threads and reports
@@ -272,6 +278,8 @@ def launch_local_servers(
     }
     if cfg.api_key:
         child_env[API_KEY_ENV] = cfg.api_key
+    if weights_roots:
+        child_env[WEIGHTS_ROOTS_ENV] = os.pathsep.join(str(Path(r).resolve()) for r in weights_roots)
 
     def commands(ports: list[int]) -> list[list[str]]:
         return [

@@ -8,6 +8,7 @@ Launched servers are supervised: one that dies is restarted on its address (``in
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -26,6 +27,16 @@ class ExternalServers:
         return None
 
 
+def weights_roots(cfg: ExperimentConfig) -> list[Path]:
+    """Where the watcher points a launched server's weight updates: the checkpoint store's root when it
+    is a local directory (checkpoints are verified and loaded in place) and the local cache. A CPU
+    server refuses ``/update_weights_from_disk`` from anywhere else."""
+    roots = [Path(cfg.storage.local_cache)]
+    if "://" not in cfg.storage.root or cfg.storage.root.startswith("file://"):
+        roots.append(Path(cfg.storage.root.removeprefix("file://")))
+    return roots
+
+
 @task(name="start-servers", cache_policy=NO_CACHE, persist_result=False)
 def start_servers(cfg: ExperimentConfig, model_path: str) -> Any:
     """Return a handle with ``.addresses`` and ``.stop()``."""
@@ -40,7 +51,7 @@ def start_servers(cfg: ExperimentConfig, model_path: str) -> Any:
     else:
         from infra.servers import launch_local_servers
 
-        handle = launch_local_servers(cfg.inference, model_path)
+        handle = launch_local_servers(cfg.inference, model_path, weights_roots=weights_roots(cfg))
     if inf.backend != "external":  # restart a launched server that dies (infra/supervisor.py)
         handle.supervise(
             max_restarts=inf.max_restarts,

@@ -20,9 +20,8 @@ import os
 import sys
 
 from rollflow.api.config import INFERENCE_API_KEY_ENV as API_KEY_ENV
+from rollflow.api.config import INFERENCE_WEIGHTS_ROOTS_ENV as WEIGHTS_ROOTS_ENV
 from rollflow.api.config import is_loopback_host
-
-WEIGHTS_ROOTS_ENV = "ROLLFLOW_WEIGHTS_ROOTS"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

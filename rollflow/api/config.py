@@ -19,6 +19,7 @@ from rollflow.api.errors import ConfigError
 
 # Where launched servers, the watcher and clients read the inference API key when the config has none.
 INFERENCE_API_KEY_ENV = "ROLLFLOW_INFERENCE_API_KEY"
+INFERENCE_WEIGHTS_ROOTS_ENV = "ROLLFLOW_WEIGHTS_ROOTS"  # directories a CPU server may load weights from
 
 
 def is_loopback_host(host: str) -> bool:

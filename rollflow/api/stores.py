@@ -119,6 +119,8 @@ class CheckpointSource(Protocol):
 
     def latest_token(self) -> Any | None: ...  # cheap fingerprint of LATEST; None where there is none
 
+    def latest_problem(self) -> str | None: ...  # why the last read found LATEST malformed, else None
+
     def subscribe(self) -> threading.Event: ...  # set when this process moves LATEST forward
 
     def verified_dir(self, version: int, cache_dir: str | Path) -> Path: ...  # in place where possible

@@ -68,11 +68,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import InferenceError, ServerUnavailableError, WeightUpdateError
 from rollflow.api.metrics import MetricsSink, NullSink
+from rollflow.api.stores import CheckpointSource
 from rollflow.rollout.routing import control_call
 from rollflow.rollout.sglang_protocol import (
     ROUTE_CONTINUE,
@@ -87,30 +88,6 @@ logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "ROLLFLOW_INFERENCE_API_KEY"
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
-
-
-class CheckpointSource(Protocol):
-    """What the watcher needs from ``storage.checkpoints.CheckpointStore``."""
-
-    def latest_version(self) -> int | None: ...  # what LATEST names (one small read)
-
-    def resolve_latest(self) -> Any | None: ...  # an object with .version: int and .created_at: float
-
-    def latest_token(self) -> Any | None: ...  # cheap fingerprint of LATEST; None where there is none
-
-    def latest_problem(self) -> str | None: ...  # why the last read found LATEST malformed, else None
-
-    def subscribe(self) -> threading.Event: ...  # set when this process moves LATEST forward
-
-    def verified_dir(self, version: int, cache_dir: str | Path) -> Path: ...  # in place where possible
-
-    def fetch(self, version: int, cache_dir: str | Path) -> Path: ...  # always a verified private copy
-
-    def ack(
-        self, version: int, server_id: str, *, state: Literal["loading", "serving"] = "serving"
-    ) -> None: ...
-
-    def retract_ack(self, version: int, server_id: str) -> None: ...
 
 
 @dataclass

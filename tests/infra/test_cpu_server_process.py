@@ -102,7 +102,7 @@ def test_weight_updates_are_limited_to_the_weights_roots(
     shutil.copytree(tiny_model_dir_b, inside)
     (root / "escape").symlink_to(tiny_model_dir_b)  # a link inside the root to a directory outside it
     cfg = InferenceConfig(n_servers=1, server_threads=1, startup_timeout_s=90.0)
-    group = launch_local_servers(cfg, tiny_model_dir, extra_args=["--weights-root", str(root)])
+    group = launch_local_servers(cfg, tiny_model_dir, weights_roots=[root])  # via $ROLLFLOW_WEIGHTS_ROOTS
     try:
         addr = group.addresses[0]
         for path in (tiny_model_dir_b, root / "escape", root / ".." / tiny_model_dir_b.name):
