@@ -40,12 +40,12 @@ from typing import Any
 from rollflow.api.config import INFERENCE_WEIGHTS_ROOTS_ENV as WEIGHTS_ROOTS_ENV
 from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import ServerStartupError
+from rollflow.api.redact import redact_args
 
 logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "ROLLFLOW_INFERENCE_API_KEY"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-_SECRET_FLAGS = ("--api-key", "--admin-api-key")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -56,12 +56,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def redact_command(cmd: list[str]) -> list[str]:
-    """The command with the value after ``--api-key`` replaced, for logs."""
-    out = list(cmd)
-    for i, a in enumerate(out[:-1]):
-        if a in _SECRET_FLAGS:
-            out[i + 1] = "<redacted>"
-    return out
+    """The command with the values of secret flags (``--api-key X``, ``--admin-api-key=X``) masked, for logs."""
+    return redact_args(cmd)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

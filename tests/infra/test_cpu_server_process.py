@@ -21,6 +21,7 @@ import pytest
 
 from infra.servers import ServerGroup, cpu_server_command, launch_local_servers, redact_command
 from rollflow.api.config import InferenceConfig
+from rollflow.api.redact import REDACTED
 
 KEY = "test-key-123"
 
@@ -84,10 +85,11 @@ def test_commands_and_redaction(tiny_model_dir: Path) -> None:
     assert cmd[1:3] == ["-m", "infra.cpu_server"]
     assert cmd[cmd.index("--port") + 1] == "1234" and cmd[cmd.index("--weight-version") + 1] == "3"
     assert cmd[cmd.index("--threads") + 1] == "2" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
-    assert redact_command(["x", "--api-key", "s3cret", "--port", "1"]) == [
+    assert redact_command(["x", "--api-key", "s3cret", "--admin-api-key=k2", "--port", "1"]) == [
         "x",
         "--api-key",
-        "<redacted>",
+        REDACTED,
+        f"--admin-api-key={REDACTED}",
         "--port",
         "1",
     ]
