@@ -69,13 +69,17 @@ def _run(cmd: list[str], log: Path, threads: int) -> None:
 
 
 def _prompt_order(rows: list[dict[str, Any]], seed: int, n: int) -> list[dict[str, Any]]:
-    """The first ``n`` prompts rollflow's rollout hands out for ``seed`` (epoch permutations)."""
-    from rollflow.rollout.loop import PromptCursor
+    """The first ``n`` prompts rollflow's rollout hands out for ``seed`` (one worker: global positions
+    0, 1, 2, ... through the epoch permutations of ``rollflow.rollout.prompt_source``)."""
+    from rollflow.rollout.prompt_source import epoch_order
 
-    cursor = PromptCursor(rows, seed=seed, max_epochs=None)
-    return [
-        {"messages": row["messages"], "answer": row["answer"]} for _, row in (next(cursor) for _ in range(n))
-    ]
+    out, orders = [], {}
+    for p in range(n):
+        epoch, pos = divmod(p, len(rows))
+        order = orders.setdefault(epoch, epoch_order(len(rows), seed, epoch))
+        row = rows[order[pos]]
+        out.append({"messages": row["messages"], "answer": row["answer"]})
+    return out
 
 
 def _curve(run_dir: Path, scorer: SnapshotScorer, base_acc: float) -> dict[str, Any]:

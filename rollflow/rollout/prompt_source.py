@@ -36,6 +36,17 @@ from storage.prompt_claims import ClaimLog
 logger = logging.getLogger(__name__)
 
 
+def epoch_order(n_rows: int, seed: int, epoch: int) -> list[int]:
+    """The row indices epoch ``epoch`` visits, in order: a permutation seeded by ``(seed, epoch)``.
+
+    A single worker hands out global positions 0, 1, 2, ... so its ``p``-th prompt is
+    ``rows[epoch_order(N, seed, p // N)[p % N]]`` (what ``bench.peer`` feeds TRL, in the same order).
+    """
+    order = list(range(n_rows))
+    random.Random(f"{seed}-{epoch}").shuffle(order)
+    return order
+
+
 @dataclass
 class _Held:
     gen: int  # 0 = claimed by this worker; g >= 1 = adopted through takeover g
@@ -90,8 +101,7 @@ class ClaimedPrompts:
         epoch, pos = divmod(p, self.n)
         order = self._perm.get(epoch)
         if order is None:
-            order = list(range(self.n))
-            random.Random(f"{self.seed}-{epoch}").shuffle(order)
+            order = epoch_order(self.n, self.seed, epoch)
             self._perm = {epoch: order}  # one epoch at a time is enough (positions grow)
         return self.rows[order[pos]]
 
