@@ -71,7 +71,16 @@ def run_distributed(cfg: ExperimentConfig, parameters: dict[str, Any], tracker: 
         stop.set()
         watcher.stop()
         stop_servers(servers)
-    train = {**done, "final_version": final, "flow_run_id": runs[TRAIN], "state": states[TRAIN]}
+    # The trainer ran in another process: what this run trained is the versions it moved past "before"
+    # (one version per step), which is what the registry gate asks for.
+    steps_run = max(0, final - int(before.get("version", 0)))
+    train = {
+        **done,
+        "final_version": final,
+        "steps_run": steps_run,
+        "flow_run_id": runs[TRAIN],
+        "state": states[TRAIN],
+    }
     rollout = {
         "workers": cfg.orchestration.n_rollout_workers,
         "completed": sum(1 for n, s in states.items() if n != TRAIN and s == "Completed"),

@@ -66,7 +66,7 @@ def trigger_children(
             parameters={**common, "worker_index": i},
             timeout=0,
             as_subflow=True,
-            flow_run_name=f"rollout-{cfg.trial}-{i}",
+            flow_run_name=f"rollout-{cfg.trial}-w{i}",  # the name the rollout flow gives itself
         )
     ids = {name: str(fr.id) for name, fr in runs.items()}
     get_run_logger().info("triggered %s", ids)

@@ -236,7 +236,7 @@ def test_kill_9_one_rollout_worker_and_the_run_completes(
                 continue
             with get_client(sync_client=True) as client:
                 runs = client.read_flow_runs(
-                    flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["rollout-dist-fault-1"]))
+                    flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["rollout-dist-fault-w1"]))
                 )
             victim = _flow_run_pid(str(runs[0].id)) if runs else None
         os.kill(victim, signal.SIGKILL)
@@ -281,7 +281,7 @@ def test_cancelling_the_parent_cancels_the_children(
         )
         assert res.returncode == 0, res.stdout + res.stderr
         parent = next(line.split()[-1] for line in res.stdout.splitlines() if "UUID" in line)
-        names = ["train-dist-cancel", "rollout-dist-cancel-0", "rollout-dist-cancel-1"]
+        names = ["train-dist-cancel", "rollout-dist-cancel-w0", "rollout-dist-cancel-w1"]
         deadline = time.monotonic() + 900
         while True:
             children = {r["name"]: r for r in _flow_runs(env, names)}
