@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prefect import get_run_logger
+from prefect.exceptions import CancelledRun
 
 from rollflow.api.errors import LoopFailedError
 from tasks.runtime import is_interruption
@@ -33,19 +34,31 @@ def join_loops(
     """Results by loop name; raises ``LoopFailedError`` for the loop that failed (see the module docstring)."""
     results: dict[str, Any] = {}
     errors: dict[str, BaseException] = {}
-    try:
-        results[primary] = futures[primary].result()
-    except BaseException as e:  # noqa: BLE001 (re-raised below as LoopFailedError, or as is)
-        errors[primary] = e
-    finally:
-        stop.set()
-    for name, fut in futures.items():
-        if name == primary:
-            continue
+
+    def join(name: str) -> None:
+        fut = futures[name]
         try:
             results[name] = fut.result()
-        except BaseException as e:  # noqa: BLE001
-            errors[name] = e
+        except BaseException as e:  # noqa: BLE001 (re-raised below as LoopFailedError, or as is)
+            state = getattr(fut, "state", None)
+            if state is not None and state.is_cancelled():
+                # A loop stopped early ends Cancelled with its summary as data (tasks.runtime.interrupted);
+                # reading such a state raises whatever Prefect makes of that data, so keep the summary and
+                # record the loop as cancelled, not failed.
+                data = _cancelled_data(fut)
+                if data is not None:
+                    results[name] = data
+                errors[name] = e if is_interruption(e) else CancelledRun(state.message or f"{name} cancelled")
+            else:
+                errors[name] = e
+
+    try:
+        join(primary)
+    finally:
+        stop.set()
+    for name in futures:
+        if name != primary:
+            join(name)
     if not errors:
         return results
     for e in errors.values():
@@ -68,3 +81,15 @@ def join_loops(
         message += f"; {other} also failed: {type(errors[other]).__name__}: {errors[other]}"
     get_run_logger().error("%s failed: %s", name, message)
     raise LoopFailedError(name, message) from err
+
+
+def _cancelled_data(fut: Any) -> Any:
+    """The summary a loop returned with its Cancelled state (``tasks.runtime.interrupted``), else None."""
+    state = getattr(fut, "state", None)
+    if state is None:
+        return None
+    try:
+        data = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 (no readable data: nothing to report)
+        return None
+    return data if isinstance(data, Mapping) else None
