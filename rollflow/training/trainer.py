@@ -197,7 +197,7 @@ class Trainer:
         self.store = CheckpointStore(self.storage, ack_ttl_s=cfg.storage.ack_ttl_s)
         # Token ids are checked against the policy's vocabulary at read time: a shard holding an id the
         # embedding cannot look up is quarantined, instead of crashing this step and every restart.
-        vocab = int(self.model.get_input_embeddings().num_embeddings)
+        vocab = int(D.unwrap(self.model).get_input_embeddings().num_embeddings)  # DDP wraps the module
         self.reader = ShardReader(self.storage, vocab_size=vocab) if ctx.is_main else None
         # Local storage: a poll is a directory listing, so poll every 50 ms and a synchronous step waits
         # for no poll; object stores bill each LIST, so there the interval backs off to 2 s when idle.
