@@ -12,14 +12,17 @@ each finished episode:
               ``head_version < max(version, accepted // B) - max_staleness``, i.e. the oldest-first
               trainer would eat it more than ``max_staleness`` versions after its first token
               (``StalenessManager.expected_consumer_version``) and would drop it anyway;
-- accepted -- handed to the shard writer (on one worker thread, in order) and/or returned to callers.
+- accepted -- handed to the shard writer (``OrderedWriter``: one worker thread, in order) and/or
+              returned to callers.
+Every episode that finished in a tick is judged before the failure rate is checked, so a
+``RolloutFailureError`` never leaves finished episodes unjudged.
 
 Drive it inside a loop (``async with executor:``, then ``feed``/``asubmit``/``arollout_batch``/
-``aprepare_batch``/``await_idle``), or from synchronous code (embedded single-process mode):
-``start_in_thread()``, then ``rollout_batch``/``prepare_batch``/``submit``/``wait``/``stop``.
+``aprepare_batch``/``await_idle``), or from synchronous code through ``ThreadedExecutor``
+(``rollflow.rollout.executor_thread``).
 
 What it is not: no datasets, storage layout or checkpoints (``rollflow.rollout.loop``), no trajectory
-building (the workflows).
+building (the workflows), no counters (``executor_stats``), no writer bookkeeping (``ordered_writer``).
 """
 
 from __future__ import annotations
@@ -32,15 +35,15 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Hashable, Iterator
-from concurrent.futures import Future as ConcurrentFuture
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from rollflow.api.errors import RolloutFailureError
 from rollflow.api.inference import InferenceClient
 from rollflow.api.stores import ShardSink
 from rollflow.api.workflow import RolloutWorkflow, import_string
+from rollflow.rollout.executor_stats import ExecutorStats
+from rollflow.rollout.ordered_writer import OrderedWriter
 from rollflow.rollout.staleness import StalenessManager
 from storage.schema import TrajectoryGroup
 
@@ -48,58 +51,6 @@ logger = logging.getLogger(__name__)
 
 RejectReason = Literal["none", "empty", "filtered", "stale"]
 ShouldAcceptFn = Callable[[TrajectoryGroup], bool]
-
-
-@dataclass
-class ExecutorStats:
-    """Counters of one executor run (``StalenessManager.stat`` also holds restored counts)."""
-
-    started: int = 0
-    accepted: int = 0
-    rejected: dict[str, int] = field(default_factory=lambda: collections.Counter())
-    failed: int = 0
-    cancelled: int = 0
-    tokens: int = 0  # generated (loss_mask == 1) tokens of every finished group, accepted or not
-    completions: int = 0  # sequences of every finished group, accepted or not (the generation cost)
-    busy_s: float = 0.0  # wall time with at least one episode running (closed spans)
-    busy_since: float | None = None  # start of the open span, None while idle
-    reward_sum: float = 0.0  # over rows of accepted groups
-    rows: int = 0  # rows of accepted groups
-    staleness_sum: int = 0  # sum over accepted groups of (version at acceptance - head_version)
-    staleness_max: int = 0
-    flushes: int = 0
-    write_errors: int = 0
-    first_failure: str | None = None
-    started_at: float = field(default_factory=time.monotonic)
-
-    @property
-    def n_rejected(self) -> int:
-        return sum(self.rejected.values())
-
-    @property
-    def finished(self) -> int:
-        return self.accepted + self.n_rejected + self.failed
-
-    def as_metrics(self) -> dict[str, float]:
-        """Flat numbers for a MetricsSink (the caller adds a prefix such as ``rollout/``)."""
-        elapsed = max(time.monotonic() - self.started_at, 1e-9)
-        out = {
-            "episodes_started": float(self.started),
-            "groups_accepted": float(self.accepted),
-            "groups_rejected": float(self.n_rejected),
-            "episodes_failed": float(self.failed),
-            "tokens_per_s": self.tokens / elapsed,
-            "completions_generated": float(self.completions),
-            "completions_per_s": self.completions / elapsed,
-            "busy_s": self.busy_s
-            + (time.monotonic() - self.busy_since if self.busy_since is not None else 0.0),
-            "reward_mean": self.reward_sum / self.rows if self.rows else 0.0,
-            "staleness_mean": self.staleness_sum / self.accepted if self.accepted else 0.0,
-            "staleness_max": float(self.staleness_max),
-            "shard_flushes": float(self.flushes),
-            "write_errors": float(self.write_errors),
-        }
-        return out | {f"rejected_{reason}": float(n) for reason, n in self.rejected.items()}
 
 
 @dataclass
@@ -155,13 +106,10 @@ class WorkflowExecutor:
         )
         self._source: Iterator[tuple[Hashable, dict[str, Any]] | None] | None = None
         self._tasks: dict[asyncio.Task[TrajectoryGroup | None], _Episode] = {}
-        # Writer calls run in this one thread, in order; _buffered holds (add seq, key) not yet committed.
-        self._io: ThreadPoolExecutor | None = None
-        self._io_futures: set[asyncio.Future[Any]] = set()
-        self._add_seq = self._io_failures = self._next_key = 0
-        self._buffered: collections.deque[tuple[int, Hashable]] = collections.deque()
+        self._out: OrderedWriter | None = None  # the writer's calls, in order, off the loop (astart)
+        self._next_key = 0
         self._cancelled_keys: list[Hashable] = []  # cancelled by aclose(): never finished, still open
-        self._flush_inflight = self._closing = False
+        self._closing = False
         self._results: collections.deque[TrajectoryGroup] = collections.deque()
         self._result_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._idle_waiters: list[asyncio.Future[None]] = []
@@ -171,7 +119,6 @@ class WorkflowExecutor:
         self._scheduler: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
         self._paused = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # --- lifecycle (async) -----------------------------------------------------------------------------
 
@@ -190,7 +137,14 @@ class WorkflowExecutor:
         self._wake = asyncio.Event()
         self._closed = asyncio.Event()
         if self.writer is not None:
-            self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-writer")
+            self._out = OrderedWriter(
+                self.writer,
+                self._loop,
+                self.stats,
+                max_failures=self.max_write_failures,
+                on_commit=(lambda: self._on_flush(self)) if self._on_flush is not None else None,
+                on_fatal=self._on_write_fatal,
+            )
         self.stats.started_at = time.monotonic()
         self._scheduler = asyncio.create_task(self._run_scheduler(), name="rollout-scheduler")
 
@@ -221,12 +175,8 @@ class WorkflowExecutor:
         for fut in futures:
             if fut is not None and not fut.done():
                 fut.cancel()
-        if self.writer is not None:
-            self._io_call(self.writer.flush, watermark=self._add_seq)
-        while self._io_futures:  # the final flush, then whatever on_flush queued after it
-            await asyncio.gather(*list(self._io_futures), return_exceptions=True)
-        if self._io is not None:
-            self._io.shutdown(wait=True)
+        if self._out is not None:
+            await self._out.aclose()  # the final flush, then whatever on_flush queued after it
         self._fail_waiters(self._error or RuntimeError("executor closed"))
         assert self._closed is not None
         self._closed.set()
@@ -322,63 +272,20 @@ class WorkflowExecutor:
         by close, or still buffered."""
         running = [ep.key for ep in self._tasks.values()]
         queued = [key for key, _, _ in self._inputs]
-        return queued + running + self._cancelled_keys + [key for _, key in self._buffered]
+        buffered = self._out.buffered_keys() if self._out is not None else []
+        return queued + running + self._cancelled_keys + buffered
 
     def submit_io(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the writer thread after the writer calls queued so far (loop thread only)."""
-        self._io_call(fn, *args, watermark=None)
+        if self._out is None:
+            raise RuntimeError("submit_io needs an executor with a writer, started")
+        self._out.submit(fn, *args)
 
-    # --- synchronous facade (embedded mode) -----------------------------------------------------------
-
-    def start_in_thread(self) -> None:
-        """Run the executor's loop in a daemon thread so synchronous code can call the methods below."""
-        if self._thread is not None:
-            raise RuntimeError("executor thread already started")
-        started = threading.Event()
-
-        def main() -> None:
-            async def body() -> None:
-                await self.astart()
-                started.set()
-                assert self._closed is not None
-                await self._closed.wait()  # set at the end of aclose(), called through stop()
-
-            asyncio.run(body())
-
-        self._thread = threading.Thread(target=main, name="rollout-executor", daemon=True)
-        self._thread.start()
-        started.wait()
-
-    def _call(self, coro: Any, timeout: float | None = None) -> Any:
-        if self._thread is None or self._loop is None:
-            coro.close()
-            raise RuntimeError("call start_in_thread() first (or use the async methods inside a loop)")
-        fut: ConcurrentFuture = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return fut.result(timeout)
-
-    def submit(self, data: dict[str, Any]) -> None:
-        self._call(self.asubmit(data, track=False))
-
-    def wait(self, count: int, timeout: float | None = None) -> list[TrajectoryGroup]:
-        return self._call(self.await_results(count, timeout))
-
-    def rollout_batch(
-        self, data_list: list[dict[str, Any]], timeout: float | None = None
-    ) -> list[TrajectoryGroup]:
-        return self._call(self.arollout_batch(data_list), timeout)
-
-    def prepare_batch(
-        self, rows: Iterator[dict[str, Any]], batch_size: int, timeout: float | None = None
-    ) -> list[TrajectoryGroup]:
-        return self._call(self.aprepare_batch(rows, batch_size, timeout))
-
-    def stop(self, *, cancel: bool = True, timeout: float | None = 60.0) -> None:
-        """Close the executor started with ``start_in_thread`` and join its thread."""
-        if self._thread is None:
-            return
-        self._call(self.aclose(cancel=cancel), timeout)
-        self._thread.join(timeout)
-        self._thread = None
+    async def wait_closed(self) -> None:
+        """Wait until ``aclose`` has finished (from another task on the executor's loop)."""
+        if self._closed is None:
+            raise RuntimeError("executor not started")
+        await self._closed.wait()
 
     # --- the scheduler ---------------------------------------------------------------------------------
 
@@ -468,7 +375,8 @@ class WorkflowExecutor:
                 waker.cancel()
         finished = [t for t in done if t is not waker]
         for task in sorted(finished, key=lambda t: self._tasks[t].started_at):
-            self._finish(task)
+            self._finish(task)  # every finished episode is judged before the failure rate is checked
+        self._check_failure_rate()
 
     def _finish(self, task: asyncio.Task[TrajectoryGroup | None]) -> None:
         ep = self._tasks.pop(task)
@@ -528,10 +436,8 @@ class WorkflowExecutor:
         lag = max(0, version - group.head_version) if group.head_version >= 0 else 0
         s.staleness_sum += lag
         s.staleness_max = max(s.staleness_max, lag)
-        if self.writer is not None:
-            self._add_seq += 1
-            self._buffered.append((self._add_seq, ep.key))
-            self._io_call(self.writer.add, group, watermark=self._add_seq)
+        if self._out is not None:
+            self._out.add(group, ep.key)
         if ep.future is not None:
             self._resolve([ep.future], group)
         elif self._collect:
@@ -549,6 +455,12 @@ class WorkflowExecutor:
             logger.error("episode %s raised (first failure):\n%s", ep.key, s.first_failure)
         else:
             logger.warning("episode %s raised %s: %s", ep.key, type(exc).__name__, exc)
+
+    def _check_failure_rate(self) -> None:
+        """``RolloutFailureError`` when more than ``max_failure_rate`` of the finished episodes raised."""
+        s = self.stats
+        if not s.failed:
+            return
         rate = s.failed / s.finished
         if s.finished >= self.min_episodes_for_failure and rate > self.max_failure_rate:
             raise RolloutFailureError(
@@ -558,51 +470,15 @@ class WorkflowExecutor:
 
     def _flush(self, *, force: bool) -> None:
         """Queue a ``maybe_flush`` (or ``flush``) on the writer thread unless one is in flight."""
-        if self.writer is None or self._flush_inflight or not (self._buffered or force):
-            return
-        self._flush_inflight = True
-        self._io_call(
-            self.writer.flush if force else self.writer.maybe_flush, watermark=self._add_seq, flush=True
-        )
+        if self._out is not None:
+            self._out.flush(force=force)
 
-    def _io_call(
-        self, fn: Callable[..., Any], *args: Any, watermark: int | None, flush: bool = False
-    ) -> None:
-        assert self._loop is not None and self._io is not None
-        fut = self._loop.run_in_executor(self._io, fn, *args)
-        self._io_futures.add(fut)
-        fut.add_done_callback(lambda f: self._on_io_done(f, watermark, flush))
-
-    def _on_io_done(self, fut: asyncio.Future[Any], watermark: int | None, flush: bool) -> None:
-        """Runs on the loop thread. A truthy result of a writer call commits every add up to ``watermark``."""
-        self._io_futures.discard(fut)
-        if flush:
-            self._flush_inflight = False
-        if fut.cancelled():
-            return
-        exc = fut.exception()
-        if exc is not None:
-            self.stats.write_errors += 1
-            self._io_failures += 1
-            logger.error("writer call failed (%d in a row): %r", self._io_failures, exc)
-            if self._io_failures >= self.max_write_failures and self._error is None:
-                self._error = RolloutFailureError(
-                    f"{self._io_failures} consecutive trajectory writes failed; last error: {exc!r}"
-                )
-                self._fail_waiters(self._error)
-                self._poke()
-            return
-        self._io_failures = 0
-        if watermark is None or not fut.result():
-            return
-        self.stats.flushes += 1
-        while self._buffered and self._buffered[0][0] <= watermark:
-            self._buffered.popleft()
-        if self._on_flush is not None:
-            try:
-                self._on_flush(self)
-            except Exception:
-                logger.exception("on_flush callback failed")
+    def _on_write_fatal(self, exc: BaseException) -> None:
+        """Too many writer calls failed in a row: stop the executor with ``exc`` (loop thread)."""
+        if self._error is None:
+            self._error = exc
+            self._fail_waiters(exc)
+            self._poke()
 
     @staticmethod
     def _resolve(futures: list[asyncio.Future | None], value: Any) -> None:

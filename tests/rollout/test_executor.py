@@ -15,6 +15,7 @@ from rollflow.api.errors import RolloutFailureError
 from rollflow.api.inference import GenerateRequest, GenerateResult
 from rollflow.api.workflow import RolloutWorkflow
 from rollflow.rollout.executor import WorkflowExecutor
+from rollflow.rollout.executor_thread import ThreadedExecutor
 from rollflow.rollout.staleness import StalenessManager
 from storage.schema import TrajectoryGroup, TrajectoryRow
 
@@ -215,6 +216,48 @@ def test_failure_rate_above_threshold_stops_with_first_traceback() -> None:
     asyncio.run(main())
 
 
+class GatedWorkflow(RolloutWorkflow):
+    """Waits for ``data["gate"]``, then at once raises (``data["raise_late"]``) or returns a group, so
+    every episode the gate releases finishes in the same scheduler tick."""
+
+    async def arun_episode(self, client: Any, data: dict[str, Any]) -> TrajectoryGroup | None:
+        await data["gate"].wait()
+        if data.get("raise_late"):
+            raise ValueError(f"late failure {data['i']}")
+        gid = uuid.uuid4().hex
+        row = TrajectoryRow.build(
+            traj_id=gid + "-0", group_id=gid, prompt_id=str(data["i"]), input_ids=[1, 2, 7],
+            loss_mask=[0, 0, 1], logprobs=[0.0, 0.0, -0.5], versions=[-1, -1, 0], reward=1.0,
+            finish_reason="stop",
+        )  # fmt: skip
+        return TrajectoryGroup(gid, str(data["i"]), [row])
+
+
+def test_episodes_finishing_with_the_fatal_failure_are_all_judged() -> None:
+    """10 episodes finish in one tick, the first 8 (by start) raising: the failure rate is over the bound
+    after the 5th, yet all 10 are judged (8 failed, 2 accepted) and none is counted as cancelled."""
+
+    async def main() -> None:
+        sm = StalenessManager(10, 100, 1)
+        ex = WorkflowExecutor(
+            GatedWorkflow(), FakeClient(), sm, poll_interval_s=0.01,
+            max_failure_rate=0.2, min_episodes_for_failure=5,
+        )  # fmt: skip
+        gate = asyncio.Event()
+        async with ex:
+            futures = [await ex.asubmit({"i": i, "gate": gate, "raise_late": i < 8}) for i in range(10)]
+            await _until(lambda: ex.n_running == 10)
+            gate.set()
+            with pytest.raises(RolloutFailureError, match="8 of 10 rollout episodes raised"):
+                await ex.await_idle()
+            results = await asyncio.gather(*futures, return_exceptions=True)
+        assert ex.stats.failed == 8 and ex.stats.accepted == 2 and ex.stats.cancelled == 0
+        assert sum(isinstance(r, TrajectoryGroup) for r in results) == 2
+        assert sm.stat.running == 0
+
+    asyncio.run(main())
+
+
 def test_none_and_filtered_groups_are_rejected() -> None:
     async def main() -> None:
         ex, _, sm = _executor(FakeClient(), should_accept_fn=lambda g: g.rows[0].reward > 0)
@@ -284,26 +327,27 @@ def test_close_cancels_running_episodes() -> None:
 
 
 def test_sync_facade_for_the_embedded_mode() -> None:
-    ex, _, _ = _executor(FakeClient(), max_concurrent=2, staleness=0, batch=2)
-    ex.start_in_thread()
+    ex0, _, _ = _executor(FakeClient(), max_concurrent=2, staleness=0, batch=2)
+    ex = ThreadedExecutor(ex0)
+    ex.start()
     try:
         groups = ex.rollout_batch([{"i": i} for i in range(2)], timeout=10)
         assert [g.prompt_id for g in groups] == ["0", "1"]
-        ex.client.version = 2  # type: ignore[attr-defined]  # the trainer consumed two batches
+        ex0.client.version = 2  # type: ignore[attr-defined]  # the trainer consumed two batches
         rows = iter({"i": 10 + i} for i in range(100))
         batch = ex.prepare_batch(rows, 2, timeout=10)
         assert len(batch) == 2 and all(int(g.prompt_id) >= 10 for g in batch)
         # capacity at version 2: (0 + 2 + 1) * 2 = 6 groups ever -> 2 + 2 + at most 2 buffered
-        assert ex.staleness.stat.submitted <= 6
+        assert ex0.staleness.stat.submitted <= 6
     finally:
         ex.stop()
-    with pytest.raises(RuntimeError, match="start_in_thread"):
+    with pytest.raises(RuntimeError, match="call start"):
         ex.rollout_batch([{"i": 0}])
 
 
 def test_sync_submit_and_wait_collect_untracked_groups() -> None:
-    ex, _, _ = _executor(FakeClient(), max_concurrent=2)
-    ex.start_in_thread()
+    ex = ThreadedExecutor(_executor(FakeClient(), max_concurrent=2)[0])
+    ex.start()
     try:
         for i in range(3):
             ex.submit({"i": i})
