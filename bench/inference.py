@@ -72,15 +72,14 @@ UPDATE_ARCH = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, 
 
 def build_model(path: Path, arch: dict[str, Any], seed: int) -> Path:
     """A random LlamaForCausalLM saved as safetensors; no tokenizer, no EOS (generation runs to length)."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig
 
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(
-        LlamaConfig(tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, **arch)
-    )
-    model.save_pretrained(path, safe_serialization=True)
-    GenerationConfig(eos_token_id=None, pad_token_id=0).save_pretrained(path)
-    return path
+    from rollflow.models.random_llama import save_random_llama
+
+    return save_random_llama(
+        path, seed=seed, generation_config=GenerationConfig(eos_token_id=None, pad_token_id=0),
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, **arch,
+    )  # fmt: skip
 
 
 def n_params(path: Path) -> int:

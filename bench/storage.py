@@ -146,21 +146,12 @@ def bench_shards(storage: Storage, reps: int) -> tuple[dict[str, float], dict[st
 
 
 def build_model() -> Any:
-    import torch
-    import transformers
+    from rollflow.models.random_llama import random_llama
 
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=32000,
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=8,
-        num_attention_heads=12,
-        num_key_value_heads=12,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-    )
-    return transformers.LlamaForCausalLM(cfg)
+    return random_llama(
+        vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12,
+        num_key_value_heads=12, max_position_embeddings=2048, tie_word_embeddings=False,
+    )  # fmt: skip
 
 
 def dir_size(path: Path) -> int:

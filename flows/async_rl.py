@@ -25,6 +25,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.distributed import run_distributed
 from rollflow.api.config import ExperimentConfig
+from rollflow.api.parameter_secrets import refuse_secret_overrides_for_other_processes
 from tasks.bootstrap import bootstrap_model
 from tasks.evaluate import eval_loop, evaluate_policy
 from tasks.lineage import run_lineage, run_lineage_tags
@@ -129,6 +130,8 @@ def async_rl(
     logger = get_run_logger()
     overrides = list(overrides or [])
     cfg = resolve_config(config, overrides, data=config_data(settings))
+    if cfg.orchestration.mode == "distributed":
+        refuse_secret_overrides_for_other_processes("distributed mode's deployment runs")
     named = trial if trial is not None else (cfg.trial if named_in_overrides(overrides) else None)
     plan = choose_trial(
         cfg.trial,
@@ -305,9 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=20")
     args = parser.parse_args(argv)
     from flows.local_api import local_prefect_api
+    from rollflow.api.parameter_secrets import secret_overrides_aside
 
-    with local_prefect_api():
-        summary = async_rl(config=args.config, overrides=args.overrides, trial=args.trial, resume=args.resume)
+    with local_prefect_api(), secret_overrides_aside(args.overrides) as overrides:
+        summary = async_rl(config=args.config, overrides=overrides, trial=args.trial, resume=args.resume)
     print_summary(summary)
     return 0
 

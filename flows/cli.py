@@ -26,9 +26,10 @@ DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
 def _run(args: argparse.Namespace, *, resume: bool) -> int:
     from flows.async_rl import async_rl, print_summary
     from flows.local_api import local_prefect_api
+    from rollflow.api.parameter_secrets import secret_overrides_aside
 
-    with local_prefect_api():
-        summary = async_rl(config=args.config, overrides=args.overrides, trial=args.trial, resume=resume)
+    with local_prefect_api(), secret_overrides_aside(args.overrides) as overrides:
+        summary = async_rl(config=args.config, overrides=overrides, trial=args.trial, resume=resume)
     print_summary(summary)
     return 0
 
@@ -36,9 +37,9 @@ def _run(args: argparse.Namespace, *, resume: bool) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from flows.evaluate import evaluate
     from flows.local_api import local_prefect_api
+    from rollflow.api.parameter_secrets import secret_overrides_aside
 
-    overrides = [*args.overrides, f"trial={args.trial}"]
-    with local_prefect_api():
+    with local_prefect_api(), secret_overrides_aside([*args.overrides, f"trial={args.trial}"]) as overrides:
         result = evaluate(config=args.config, overrides=overrides, version=args.version, split=args.split)
     print(json.dumps(result, indent=1, default=str))
     return 0

@@ -308,21 +308,26 @@ class CheckpointStore:
         """The version LATEST names, or None if it is absent or malformed (then `latest_problem()` says
         why, and the problem is logged at ERROR once per distinct text).
         """
-        problem = None
-        v: int | None = None
-        try:
-            v = parse_latest(self.storage.get_bytes(keys.LATEST_KEY))
-        except FileNotFoundError:
-            pass
-        except ValueError as e:
-            problem = f"{keys.LATEST_KEY} is malformed ({e}); using the newest committed version"
+        v, problem = self._parse_latest_key()
+        if problem is not None:
+            problem += "; using the newest committed version"
         if problem is not None and problem != self._latest_problem:
             logger.error("%s", problem)
         self._latest_problem = problem
         return v
 
+    def _parse_latest_key(self) -> tuple[int | None, str | None]:
+        """(the version LATEST names, None) or (None, why it is malformed); (None, None) if absent."""
+        try:
+            return parse_latest(self.storage.get_bytes(keys.LATEST_KEY)), None
+        except FileNotFoundError:
+            return None, None
+        except ValueError as e:
+            return None, f"{keys.LATEST_KEY} is malformed ({e})"
+
     def latest_problem(self) -> str | None:
-        """Why the last read of LATEST found it malformed; None if it was fine or absent."""
+        """What the last read of LATEST had to skip (LATEST malformed, a COMMIT.json unreadable) and
+        where it fell back to; None if LATEST was fine or absent."""
         return self._latest_problem
 
     def _advance_latest(self, version: int) -> None:
@@ -409,15 +414,46 @@ class CheckpointStore:
         return sorted(out)
 
     def resolve_latest(self) -> CheckpointRef | None:
-        """The checkpoint LATEST names if it is committed; else the newest committed one (warning); else None."""
-        v = self._read_latest()
+        """The checkpoint LATEST names if it is committed and its COMMIT.json reads; else the newest
+        committed version whose COMMIT.json reads; else None.
+
+        A malformed LATEST or an unreadable COMMIT.json (corrupt, nested too deeply, wrong format) is
+        logged at ERROR once per distinct problem and reported by ``latest_problem()`` (the watcher
+        makes it an error event); the fallback keeps weight updates going. A LATEST that names an
+        uncommitted version only warns (a publish between the two reads).
+        """
+        v, malformed = self._parse_latest_key()
+        problems = [malformed] if malformed else []
+        tried: set[int] = set()
         if v is not None:
+            tried.add(v)
             try:
-                return self.get(v)
+                return self._resolved(self.get(v), problems)
             except CheckpointNotFoundError:
                 logger.warning("LATEST names v%06d, which has no COMMIT.json; falling back", v)
-        committed = self.list_committed()
-        return self.get(committed[-1]) if committed else None
+            except CheckpointIntegrityError as e:
+                problems.append(f"v{v:06d} (LATEST): {e}")
+        for c in reversed(self.list_committed()):
+            if c in tried:
+                continue
+            try:
+                return self._resolved(self.get(c), problems)
+            except CheckpointNotFoundError:  # collected between the LIST and the read
+                continue
+            except CheckpointIntegrityError as e:
+                problems.append(f"v{c:06d}: {e}")
+        return self._resolved(None, problems)
+
+    def _resolved(self, ref: CheckpointRef | None, problems: list[str]) -> CheckpointRef | None:
+        """Record (and log once) what ``resolve_latest`` had to skip to reach ``ref``."""
+        problem = None
+        if problems:
+            to = f"v{ref.version:06d}" if ref is not None else "nothing (no readable commit)"
+            problem = "; ".join(problems) + f"; using {to}"
+        if problem is not None and problem != self._latest_problem:
+            logger.error("%s", problem)
+        self._latest_problem = problem
+        return ref
 
     # --- verify / fetch -----------------------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ What it is:
   embedded default: a bootstrapped or local model and a non-hub dataset), ``HF_HUB_OFFLINE`` and
   ``TRANSFORMERS_OFFLINE``; each is a ``setdefault``, so the user's environment wins.
 - ``resolve_config``: the typed config (a form in the Prefect UI) or a YAML path, plus dotted
-  overrides, validated into an ``ExperimentConfig`` and logged (secrets redacted).
+  overrides, validated into an ``ExperimentConfig`` and logged (secrets redacted). Parameters that hold
+  a credential are refused (``SecretParameterError``: Prefect stores parameters in plain text); the
+  overrides in ``$ROLLFLOW_SECRET_OVERRIDES`` (where the CLI puts secret ones) go on top.
 - ``name_flow_run``: renames the current flow run (``async-rl-{trial}``) once the trial is known.
 - ``attach_core_loggers``: sends the core's loggers (``rollflow``, ``storage``, ``infra``) to the
   Prefect run logs, without ``PREFECT_LOGGING_EXTRA_LOGGERS``.
@@ -26,6 +28,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.config_loader import load_config, to_yaml
+from rollflow.api.parameter_secrets import env_secret_overrides, refuse_secret_parameters
 
 T = TypeVar("T")
 
@@ -77,8 +80,12 @@ def config_data(settings: ExperimentConfig | dict[str, Any] | None) -> dict[str,
 def resolve_config(
     config: str | None, overrides: list[str] | None = None, data: dict[str, Any] | None = None
 ) -> ExperimentConfig:
-    """``data`` (the typed config) replaces the YAML file when given; overrides go on top."""
-    cfg = load_config(None if data is not None else config, overrides or [], data=data)
+    """``data`` (the typed config) replaces the YAML file when given; overrides go on top, then the
+    secret overrides of ``$ROLLFLOW_SECRET_OVERRIDES``. Raises ``SecretParameterError`` when ``overrides``
+    or ``data`` (flow parameters) hold a credential."""
+    refuse_secret_parameters(overrides or [], data)
+    secret = env_secret_overrides()
+    cfg = load_config(None if data is not None else config, [*(overrides or []), *secret], data=data)
     get_run_logger().info("resolved config (secrets redacted):\n%s", to_yaml(cfg))
     return cfg
 

@@ -203,7 +203,16 @@ def list_resume_steps(storage: ObjectStore) -> list[int]:
 
 
 def read_resume_point(storage: ObjectStore, step: int) -> ResumePoint:
-    return ResumePoint.from_json(storage.get_json(keys.trainer_state_key(step)))
+    """The resume point of ``step``. ``TrainerError`` naming the key when its JSON does not parse or has
+    the wrong shape (junk, nested too deeply, a list, a missing field); FileNotFoundError if absent."""
+    key = keys.trainer_state_key(step)
+    try:
+        return ResumePoint.from_json(storage.get_json(key))
+    except TrainerError:
+        raise
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else f"{type(e).__name__}: {str(e)[:200]}"
+        raise TrainerError(f"resume point {key} is unreadable ({why})") from None
 
 
 def _blobs_present(storage: ObjectStore, point: ResumePoint) -> bool:

@@ -215,14 +215,16 @@ class Trainer:
         )
 
     def _startup_plan(self) -> dict[str, Any]:
-        """Rank 0 reads storage once and tells every rank: resume step, newest published version."""
+        """Rank 0 reads storage once and tells every rank: resume step, newest committed version."""
         plan: dict[str, Any] | None = None
         if self.ctx.is_main:  # type: ignore[union-attr]
             point = find_latest_resume_point(self.storage)
-            latest = self.store.resolve_latest()
+            # the newest version with a COMMIT.json, readable or not: one whose commit is corrupt must
+            # not be re-published either (the watchers fall back past it until the next version)
+            committed = self.store.list_committed()
             plan = {
                 "resume_step": point.step if point is not None else None,
-                "floor": latest.version if latest is not None else -1,
+                "floor": committed[-1] if committed else -1,
             }
         raw = self.ctx.broadcast_bytes(json.dumps(plan).encode() if plan is not None else None)  # type: ignore[union-attr]
         return json.loads(raw)

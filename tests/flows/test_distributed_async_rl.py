@@ -79,12 +79,22 @@ def _deploy_and_start_worker(env: dict[str, str], tmp_path: Path) -> subprocess.
     )  # fmt: skip
 
 
+def _s3_credentials(s3_server: Any, monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    """The S3 keys go where a user's go: the environment of this process and of the worker (flow
+    parameters holding credentials are refused, since Prefect stores parameters in plain text)."""
+    creds = {"AWS_ACCESS_KEY_ID": s3_server.key, "AWS_SECRET_ACCESS_KEY": s3_server.secret}
+    env.update(creds)
+    for name, value in creds.items():
+        monkeypatch.setenv(name, value)
+
+
 def _overrides(trial: str, root: str, options: dict, mlflow_server: str, tmp_path: Path) -> list[str]:
+    public = {k: v for k, v in options.items() if k not in ("key", "secret")}  # keys: the environment
     return [
         "experiment=dist-arith",
         f"trial={trial}",
         f"storage.root={root}",
-        f"storage.options={json.dumps(options)}",
+        f"storage.options={json.dumps(public)}",
         f"storage.local_cache={tmp_path / 'cache'}",
         f"model.path={tmp_path / 'model'}",
         "model.tiny.warm_start_steps=20",
@@ -117,7 +127,9 @@ def test_two_rollout_workers_and_a_trainer_as_deployment_runs(
     from storage.shards import ShardReader
 
     monkeypatch.chdir(ROOT)
-    worker = _deploy_and_start_worker(dict(prefect_env), tmp_path)
+    env = dict(prefect_env)
+    _s3_credentials(s3_server, monkeypatch, env)
+    worker = _deploy_and_start_worker(env, tmp_path)
     root = f"s3://{s3_server.bucket}/dist"  # type: ignore[attr-defined]
     options = s3_server.options  # type: ignore[attr-defined]
     overrides = _overrides("dist-test", root, options, mlflow_server, tmp_path)
@@ -216,7 +228,9 @@ def test_kill_9_one_rollout_worker_and_the_run_completes(
     from storage.shards import ShardReader
 
     monkeypatch.chdir(ROOT)
-    worker = _deploy_and_start_worker(dict(prefect_env), tmp_path)
+    env = dict(prefect_env)
+    _s3_credentials(s3_server, monkeypatch, env)
+    worker = _deploy_and_start_worker(env, tmp_path)
     root = f"s3://{s3_server.bucket}/dist-fault"  # type: ignore[attr-defined]
     options = s3_server.options  # type: ignore[attr-defined]
     overrides = _overrides("dist-fault", root, options, mlflow_server, tmp_path)
@@ -281,6 +295,7 @@ def test_cancelling_the_parent_cancels_the_children(
     """`prefect deployment run 'async-rl/dist-test'`, then `prefect flow-run cancel` of it once its three
     children run: every child ends Cancelled and no child flow-run process or inference server is left."""
     env = dict(prefect_env)
+    _s3_credentials(s3_server, monkeypatch, env)
     worker = _deploy_and_start_worker(env, tmp_path)
     root = f"s3://{s3_server.bucket}/dist-cancel"  # type: ignore[attr-defined]
     options = s3_server.options  # type: ignore[attr-defined]

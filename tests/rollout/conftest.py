@@ -68,19 +68,15 @@ def build_tiny_tokenizer() -> Any:
 def write_tiny_model(path: Path, seed: int = 0, **arch: Any) -> Path:
     """Save a random tiny Llama (fp32 safetensors) + tokenizer + generation_config at ``path``."""
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig
+
+    from rollflow.models.random_llama import random_llama
 
     tok = build_tiny_tokenizer()
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        tie_word_embeddings=False,
-        **{**TINY_ARCH, **arch},
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
+    model = random_llama(
+        seed=seed, vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, tie_word_embeddings=False, **{**TINY_ARCH, **arch},
+    )  # fmt: skip
     with torch.no_grad():  # larger logits than the default init so greedy choices are clear-cut
         model.lm_head.weight.mul_(8.0)
     path.mkdir(parents=True, exist_ok=True)

@@ -211,12 +211,9 @@ def test_done_marker(storage: Storage) -> None:
 def test_real_hf_checkpoint_round_trip(storage: Storage, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64,
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(cfg)
+    from rollflow.models.random_llama import random_llama
+
+    model = random_llama(vocab_size=64, num_hidden_layers=2, max_position_embeddings=64)
     model.save_pretrained(tmp_path / "save")
     store = CheckpointStore(storage)
     store.publish(tmp_path / "save", 1)

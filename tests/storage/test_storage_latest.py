@@ -79,3 +79,30 @@ def test_deeply_nested_commit_json_is_a_named_integrity_error(storage: Storage, 
     storage.put_bytes(keys.checkpoint_commit_key(0), b"[" * 200_000 + b"]" * 200_000)
     with pytest.raises(CheckpointIntegrityError, match="COMMIT.json.*nested too deeply"):
         store.get(0)
+
+
+@pytest.mark.parametrize("bad", [b"{not json", b"[" * 200_000 + b"]" * 200_000, b'{"format": "other"}'])
+def test_unreadable_commit_json_of_latest_falls_back_and_is_reported(
+    storage: Storage, tmp_path: Path, bad: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CheckpointStore(storage)
+    for v, name in enumerate("abc"):
+        store.publish(_ckpt(tmp_path, name), v)
+    storage.put_bytes(keys.checkpoint_commit_key(2), bad)  # LATEST names v2
+    storage.put_bytes(keys.checkpoint_commit_key(1), bad)  # and v1 is damaged too
+    with caplog.at_level(logging.ERROR, logger="storage.checkpoints"):
+        ref = store.resolve_latest()
+    assert ref is not None and ref.version == 0  # the newest commit that reads
+    problem = store.latest_problem()
+    assert problem is not None and "v000002 (LATEST)" in problem and "v000001" in problem, problem
+    assert "using v000000" in problem
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    with caplog.at_level(logging.ERROR, logger="storage.checkpoints"):
+        store.resolve_latest()  # the same problem again: not logged twice
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+    store.publish(_ckpt(tmp_path, "d"), 3)
+    assert store.resolve_latest().version == 3 and store.latest_problem() is None  # type: ignore[union-attr]
+    storage.put_bytes(keys.checkpoint_commit_key(0), bad)
+    storage.put_bytes(keys.checkpoint_commit_key(3), bad)
+    assert store.resolve_latest() is None and "no readable commit" in (store.latest_problem() or "")

@@ -14,17 +14,10 @@ from rollflow.tracking.mlflow_tracker import MlflowTracker, download_latest_regi
 
 
 def _tiny_hf_dir(path: Path) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    from rollflow.models.random_llama import save_random_llama
     from rollflow.models.tokenizer import build_tokenizer
 
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    tok.save_pretrained(path)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
+    return save_random_llama(path, tokenizer=build_tokenizer())
 
 
 @pytest.mark.slow

@@ -28,17 +28,10 @@ def test_gate_registers_only_trained_runs_that_hold_the_eval() -> None:
 
 def _tiny_checkpoint(path: Path) -> Path:
     """The tiny model and tokenizer plus rollflow's internal files, as a fetched checkpoint looks."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    from rollflow.models.random_llama import save_random_llama
     from rollflow.models.tokenizer import build_tokenizer
 
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
+    save_random_llama(path, tokenizer=build_tokenizer())
     (path / ".rollflow-verified.json").write_text("{}")
     (path / "COMMIT.json").write_text("{}")
     return path

@@ -11,15 +11,15 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import torch
-
 VOCAB = ["<|pad|>", "<|unk|>", "<|im_start|>", "<|im_end|>"] + list("0123456789+-*=?abcdefghijklmnopqrst ")
 
 
 def make_tiny_model(path: str | Path, *, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
     """Save a random LlamaForCausalLM (vocab 40, 2 layers) and its tokenizer at ``path``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
+
+    from rollflow.models.random_llama import save_random_llama
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -31,23 +31,11 @@ def make_tiny_model(path: str | Path, *, hidden: int = 32, layers: int = 2, seed
         tokenizer_object=tk, pad_token="<|pad|>", eos_token="<|im_end|>", unk_token="<|unk|>"
     )
     tokenizer.save_pretrained(path)
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        eos_token_id=3,
-        bos_token_id=2,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(cfg)
-    model.save_pretrained(path)
-    return path
+    return save_random_llama(
+        path, seed=seed, vocab_size=len(VOCAB), hidden_size=hidden, intermediate_size=hidden * 2,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        pad_token_id=0, eos_token_id=3, bos_token_id=2, tie_word_embeddings=False,
+    )  # fmt: skip
 
 
 def make_group(

@@ -6,8 +6,9 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from rollflow.models.random_llama import random_llama
 from rollflow.training.kl import kl_estimate
 from rollflow.training.logprobs import entropy_from_logits, forward_logprobs, gather_logprobs
 from rollflow.training.losses import aggregate, ppo_actor_loss
@@ -31,17 +32,10 @@ def test_gather_alignment_hand_worked() -> None:
 
 
 def _tiny(dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=12,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
+    model = random_llama(
+        seed=0, dtype=dtype, vocab_size=12, hidden_size=16, intermediate_size=32, max_position_embeddings=64
     )
-    return LlamaForCausalLM(cfg).to(dtype).eval()
+    return model.eval()
 
 
 def test_right_padding_does_not_change_logprobs() -> None:

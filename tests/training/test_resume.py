@@ -120,3 +120,20 @@ def test_gc_keeps_newest_and_removes_orphans(local_storage) -> None:
     left = local_storage.list(keys.TRAINER_DIR)
     assert not any(k.startswith((keys.trainer_state_dir(0), keys.trainer_state_dir(1))) for k in left)
     assert f"{keys.trainer_state_dir(9)}/model.safetensors" in left  # newer than any commit: in flight
+
+
+def test_unreadable_resume_point_json_is_skipped_for_the_previous_one(local_storage) -> None:
+    import pytest
+
+    from rollflow.api.errors import TrainerError
+    from rollflow.training.resume import read_resume_point
+
+    m, opt = _trained_optimizer()
+    model_sd = {k: v.detach().clone() for k, v in m.state_dict().items()}
+    write_resume_point(local_storage, _point(2), model_sd, _full_osd(m, opt))
+    write_resume_point(local_storage, _point(4), model_sd, _full_osd(m, opt))
+    for bad in (b"[" * 200_000 + b"]" * 200_000, b"[1, 2]", b"{not json", b'{"format": 1}'):
+        local_storage.put_bytes(keys.trainer_state_key(4), bad)
+        with pytest.raises(TrainerError, match="state-00000004.json|resume point"):
+            read_resume_point(local_storage, 4)
+        assert find_latest_resume_point(local_storage).step == 2  # type: ignore[union-attr]

@@ -35,3 +35,26 @@ def test_token_id_outside_vocabulary_is_quarantined_not_a_crash(tmp_path: Path, 
     assert consumed(storage, 3) == [["g00", "g01"], ["g02", "g03"], ["g04", "g05"]]
     reason = storage.get_json(keys.quarantine_key(bad_commit.commit_id))["reason"]
     assert "token id 1073741824" in reason and "vocabulary [0, 40)" in reason
+
+
+def test_restart_after_the_newest_commit_json_was_corrupted(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """3 steps (the final resume point is at step 3), then the COMMIT.json of v3, the version LATEST names,
+    is corrupted. The restarted trainer starts (it used to fail reading LATEST), does not re-publish over
+    the damaged v3, and publishes v4 and v5, which readers then resolve."""
+    from storage.checkpoints import CheckpointStore
+
+    storage = Storage.open(str(tmp_path / "store"), "test", "t0")
+    write_groups(storage, [f"g{i:02d}" for i in range(10)], per_shard=2)
+    cfg = make_cfg(str(tmp_path / "store"), "test", "t0", tiny_model_dir)
+    assert Trainer(cfg, storage).run().final_version == 3
+    storage.put_bytes(keys.checkpoint_commit_key(3), b"{not json")
+    store = CheckpointStore(storage)
+    assert store.resolve_latest().version == 2  # type: ignore[union-attr]  # readers fall back past v3
+
+    cfg5 = make_cfg(str(tmp_path / "store"), "test", "t0", tiny_model_dir, steps=5)
+    summary = Trainer(cfg5, storage).run()
+
+    assert summary.done and summary.final_version == 5 and summary.resumed_from == 3
+    assert storage.get_bytes(keys.checkpoint_commit_key(3)) == b"{not json"  # not re-published over
+    assert store.resolve_latest().version == 5 and store.latest_problem() is None  # type: ignore[union-attr]
+    assert len({g for step in consumed(storage, 5) for g in step}) == 10  # each group trained once
