@@ -240,13 +240,27 @@ def prefect_server(prefect_env: dict[str, str]) -> Iterator[str]:
 
 @pytest.fixture
 def use_prefect_server(prefect_server: str, prefect_env: dict[str, str]) -> Iterator[str]:
-    """Point this process's Prefect client at the session server."""
+    """Point this process's Prefect client at the session server, in every thread: Prefect's log and
+    event workers run outside the test's context and read the environment, and finding no API URL they
+    would start Prefect's own temporary server (as ``flows.local_api`` explains)."""
+    from prefect.context import refresh_global_settings_context
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    with temporary_settings(
-        updates={PREFECT_API_URL: prefect_server, PREFECT_HOME: prefect_env["PREFECT_HOME"]}
-    ):
-        yield prefect_server
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
+    os.environ.update(PREFECT_API_URL=prefect_server, PREFECT_HOME=prefect_env["PREFECT_HOME"])
+    refresh_global_settings_context()
+    try:
+        with temporary_settings(
+            updates={PREFECT_API_URL: prefect_server, PREFECT_HOME: prefect_env["PREFECT_HOME"]}
+        ):
+            yield prefect_server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        refresh_global_settings_context()
 
 
 @pytest.fixture(scope="session")
