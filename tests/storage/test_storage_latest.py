@@ -96,11 +96,14 @@ def test_unreadable_commit_json_of_latest_falls_back_and_is_reported(
     problem = store.latest_problem()
     assert problem is not None and "v000002 (LATEST)" in problem and "v000001" in problem, problem
     assert "using v000000" in problem
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1
+    # (counted as distinct messages: in a full suite a handler that an earlier flow test attached can hand
+    # caplog each record twice)
+    errors = {r.getMessage() for r in caplog.records if r.levelno == logging.ERROR}
+    assert errors == {problem}
+    n_records = len(caplog.records)
     with caplog.at_level(logging.ERROR, logger="storage.checkpoints"):
-        store.resolve_latest()  # the same problem again: not logged twice
-    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+        store.resolve_latest()  # the same problem again: not logged again
+    assert len(caplog.records) == n_records
     store.publish(_ckpt(tmp_path, "d"), 3)
     assert store.resolve_latest().version == 3 and store.latest_problem() is None  # type: ignore[union-attr]
     storage.put_bytes(keys.checkpoint_commit_key(0), bad)
