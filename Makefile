@@ -32,7 +32,7 @@ $(STAMP):
 install: $(STAMP)
 
 # The hard task (configs/tiny_hard.yaml: held-out problems outside the warm start's support, sparse reward);
-# DEMO_CONFIG=configs/tiny_cpu.yaml is the 1-minute smoke test, configs/tiny_hard2.yaml the second family.
+# DEMO_CONFIG=configs/tiny_cpu.yaml is the 1-minute smoke test, configs/tiny_hard2.yaml a second (slower) hard family.
 DEMO_CONFIG ?= configs/tiny_hard.yaml
 demo: install  ## bootstrap the tiny model and run async GRPO on the embedded default
 	# a new trial per demo; continue one with `.venv/bin/rollflow resume NAME --config $(DEMO_CONFIG)`
