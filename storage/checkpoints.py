@@ -309,12 +309,14 @@ class CheckpointStore:
         why, and the problem is logged at ERROR once per distinct text).
         """
         v, problem = self._parse_latest_key()
-        if problem is not None:
-            problem += "; using the newest committed version"
+        self._report_problem(None if problem is None else problem + "; using the newest committed version")
+        return v
+
+    def _report_problem(self, problem: str | None) -> None:
+        """Record what ``latest_problem()`` returns; log it at ERROR when it differs from the last one."""
         if problem is not None and problem != self._latest_problem:
             logger.error("%s", problem)
         self._latest_problem = problem
-        return v
 
     def _parse_latest_key(self) -> tuple[int | None, str | None]:
         """(the version LATEST names, None) or (None, why it is malformed); (None, None) if absent."""
@@ -450,9 +452,7 @@ class CheckpointStore:
         if problems:
             to = f"v{ref.version:06d}" if ref is not None else "nothing (no readable commit)"
             problem = "; ".join(problems) + f"; using {to}"
-        if problem is not None and problem != self._latest_problem:
-            logger.error("%s", problem)
-        self._latest_problem = problem
+        self._report_problem(problem)
         return ref
 
     # --- verify / fetch -----------------------------------------------------------------------------------

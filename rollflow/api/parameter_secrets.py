@@ -30,6 +30,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from rollflow.api.config_loader import parse_override
 from rollflow.api.errors import ConfigError
 from rollflow.api.redact import find_secrets, is_secret_key
 
@@ -69,8 +70,6 @@ def _is_secret_leaf(path: tuple[str, ...], value: Any) -> bool:
 
 def secret_parameter_paths(overrides: Iterable[str] = (), data: Mapping[str, Any] | None = None) -> list[str]:
     """Dotted paths of credentials in ``overrides`` and the ``data`` tree (see the module docstring)."""
-    from rollflow.api.config_loader import parse_override
-
     found: list[str] = []
     for path, value in _leaves(data or {}, ()):
         if _is_secret_leaf(path, value):

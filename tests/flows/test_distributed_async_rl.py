@@ -15,6 +15,7 @@ trainer's metrics and the evals in the parent run and each rollout worker's metr
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import json
 import os
 import signal
@@ -113,6 +114,28 @@ def _overrides(trial: str, root: str, options: dict, mlflow_server: str, tmp_pat
     ]
 
 
+@dataclasses.dataclass
+class _Fleet:
+    env: dict[str, str]  # the worker's environment (the S3 keys included)
+    worker: subprocess.Popen[bytes]
+    root: str
+    options: dict[str, Any]  # the full S3 options, for the test's own reads
+    overrides: list[str]  # what the parent flow gets (no keys)
+
+
+def _start_fleet(
+    trial: str, s3_server: Any, prefect_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+    mlflow_server: str, tmp_path: Path,
+) -> _Fleet:  # fmt: skip
+    """The deployments and a process worker, the S3 keys in the environments, the trial's overrides."""
+    env = dict(prefect_env)
+    _s3_credentials(s3_server, monkeypatch, env)
+    worker = _deploy_and_start_worker(env, tmp_path)
+    root = f"s3://{s3_server.bucket}/{trial}"
+    overrides = _overrides(trial, root, s3_server.options, mlflow_server, tmp_path)
+    return _Fleet(env, worker, root, s3_server.options, overrides)
+
+
 def test_two_rollout_workers_and_a_trainer_as_deployment_runs(
     use_prefect_server: str,
     prefect_env: dict[str, str],
@@ -127,12 +150,8 @@ def test_two_rollout_workers_and_a_trainer_as_deployment_runs(
     from storage.shards import ShardReader
 
     monkeypatch.chdir(ROOT)
-    env = dict(prefect_env)
-    _s3_credentials(s3_server, monkeypatch, env)
-    worker = _deploy_and_start_worker(env, tmp_path)
-    root = f"s3://{s3_server.bucket}/dist"  # type: ignore[attr-defined]
-    options = s3_server.options  # type: ignore[attr-defined]
-    overrides = _overrides("dist-test", root, options, mlflow_server, tmp_path)
+    fleet = _start_fleet("dist-test", s3_server, prefect_env, monkeypatch, mlflow_server, tmp_path)
+    worker, root, options, overrides = fleet.worker, fleet.root, fleet.options, fleet.overrides
     try:
         summary = async_rl(config="configs/tiny_cpu.yaml", overrides=overrides)
     except BaseException:
@@ -228,12 +247,8 @@ def test_kill_9_one_rollout_worker_and_the_run_completes(
     from storage.shards import ShardReader
 
     monkeypatch.chdir(ROOT)
-    env = dict(prefect_env)
-    _s3_credentials(s3_server, monkeypatch, env)
-    worker = _deploy_and_start_worker(env, tmp_path)
-    root = f"s3://{s3_server.bucket}/dist-fault"  # type: ignore[attr-defined]
-    options = s3_server.options  # type: ignore[attr-defined]
-    overrides = _overrides("dist-fault", root, options, mlflow_server, tmp_path)
+    fleet = _start_fleet("dist-fault", s3_server, prefect_env, monkeypatch, mlflow_server, tmp_path)
+    worker, root, options, overrides = fleet.worker, fleet.root, fleet.options, fleet.overrides
     overrides.append("experiment=dist-fault")  # its own registered model name
     storage = Storage.open(root, "dist-fault", "dist-fault", options)
     result: dict[str, Any] = {}
@@ -294,12 +309,8 @@ def test_cancelling_the_parent_cancels_the_children(
 ) -> None:
     """`prefect deployment run 'async-rl/dist-test'`, then `prefect flow-run cancel` of it once its three
     children run: every child ends Cancelled and no child flow-run process or inference server is left."""
-    env = dict(prefect_env)
-    _s3_credentials(s3_server, monkeypatch, env)
-    worker = _deploy_and_start_worker(env, tmp_path)
-    root = f"s3://{s3_server.bucket}/dist-cancel"  # type: ignore[attr-defined]
-    options = s3_server.options  # type: ignore[attr-defined]
-    overrides = [*_overrides("dist-cancel", root, options, mlflow_server, tmp_path), "train.steps=100000"]
+    fleet = _start_fleet("dist-cancel", s3_server, prefect_env, monkeypatch, mlflow_server, tmp_path)
+    env, worker, overrides = fleet.env, fleet.worker, [*fleet.overrides, "train.steps=100000"]
     try:
         res = _prefect(
             env, "deployment", "run", "async-rl/dist-test", "--param", f"overrides={json.dumps(overrides)}"
