@@ -32,9 +32,9 @@ from tasks.lineage import run_lineage, run_lineage_tags
 from tasks.loops import join_loops
 from tasks.rollout import rollout_loop
 from tasks.runtime import (
-    attach_core_loggers,
     config_data,
     configure_process_env,
+    core_logs_to_this_run,
     is_interruption,
     name_flow_run,
     resolve_config,
@@ -126,70 +126,74 @@ def async_rl(
     from storage.fs import Storage
 
     configure_process_env()
-    attach_core_loggers()
-    logger = get_run_logger()
-    overrides = list(overrides or [])
-    cfg = resolve_config(config, overrides, data=config_data(settings))
-    if cfg.orchestration.mode == "distributed":
-        refuse_secret_overrides_for_other_processes("distributed mode's deployment runs")
-    named = trial if trial is not None else (cfg.trial if named_in_overrides(overrides) else None)
-    plan = choose_trial(
-        cfg.trial,
-        named=named,
-        resume=resume,
-        open_storage=lambda t: Storage.open(cfg.storage.root, cfg.experiment, t, cfg.storage.options),
-    )
-    cfg = dataclasses.replace(cfg, trial=plan.trial)
-    configure_process_env(cfg)
-    name_flow_run(f"async-rl-{cfg.trial}")
-    logger.info("trial %s (%s%s)", cfg.trial, plan.state, ", resume" if plan.resume else "")
-    if plan.state == "finished":
-        return _report_finished(cfg, plan.done or {}, logger)
-    source_version = None
-    if retrain_from_registry and plan.state == "new":
-        cfg, source_version = _from_registry(cfg, logger)
-    t0 = time.monotonic()
-
-    tracker = None
-    if cfg.tracking.enabled:
-        from rollflow.tracking.mlflow_tracker import MlflowTracker
-
-        tracker = MlflowTracker(cfg)
-        tracker.start(tags=run_lineage(cfg, source_version))
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
-    status = "FAILED"
-    try:
+    with core_logs_to_this_run():
+        logger = get_run_logger()
+        overrides = list(overrides or [])
+        cfg = resolve_config(config, overrides, data=config_data(settings))
         if cfg.orchestration.mode == "distributed":
-            # The children run this trial (the resolved one, not a fresh one each) from the same settings.
-            params = {"config": config, "overrides": [*overrides, f"trial={cfg.trial}"], "settings": settings}
-            parts = run_distributed(cfg, params, tracker)
-        else:
-            parts = _run_embedded(cfg, tracker, logger)
-        summary: dict[str, Any] = {
-            "experiment": cfg.experiment,
-            "trial": cfg.trial,
-            "final_version": int(parts["train"]["final_version"]),
-            "eval_accuracy_before": parts["before"]["accuracy"],
-            "eval_accuracy_after": parts["after"]["accuracy"],
-            "train": {k: v for k, v in parts["train"].items() if not isinstance(v, (list, dict))},
-            "rollout": {k: v for k, v in parts["rollout"].items() if not isinstance(v, (list, dict))},
-            "storage_uri": storage.root_uri,
-            "mlflow_run_id": tracker.run_id if tracker else None,
-            "mlflow_run_url": tracker.run_url if tracker else "-",
-            "source_model_version": source_version,
-            "wall_s": time.monotonic() - t0,
-        }
-        if tracker:
-            summary.update(_finish_tracking(cfg, tracker, parts, summary))
-        markdown_artifact(_summary_markdown(summary), key="async-rl-summary", description="Run summary")
-        status = "FINISHED"
-        return summary
-    except BaseException as exc:
-        status = "KILLED" if is_interruption(exc) else "FAILED"
-        raise
-    finally:
-        if tracker:
-            tracker.finish(status)
+            refuse_secret_overrides_for_other_processes("distributed mode's deployment runs")
+        named = trial if trial is not None else (cfg.trial if named_in_overrides(overrides) else None)
+        plan = choose_trial(
+            cfg.trial,
+            named=named,
+            resume=resume,
+            open_storage=lambda t: Storage.open(cfg.storage.root, cfg.experiment, t, cfg.storage.options),
+        )
+        cfg = dataclasses.replace(cfg, trial=plan.trial)
+        configure_process_env(cfg)
+        name_flow_run(f"async-rl-{cfg.trial}")
+        logger.info("trial %s (%s%s)", cfg.trial, plan.state, ", resume" if plan.resume else "")
+        if plan.state == "finished":
+            return _report_finished(cfg, plan.done or {}, logger)
+        source_version = None
+        if retrain_from_registry and plan.state == "new":
+            cfg, source_version = _from_registry(cfg, logger)
+        t0 = time.monotonic()
+
+        tracker = None
+        if cfg.tracking.enabled:
+            from rollflow.tracking.mlflow_tracker import MlflowTracker
+
+            tracker = MlflowTracker(cfg)
+            tracker.start(tags=run_lineage(cfg, source_version))
+        storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+        status = "FAILED"
+        try:
+            if cfg.orchestration.mode == "distributed":
+                # The children run this trial (the resolved one, not a fresh one each) from the same settings.
+                params = {
+                    "config": config,
+                    "overrides": [*overrides, f"trial={cfg.trial}"],
+                    "settings": settings,
+                }
+                parts = run_distributed(cfg, params, tracker)
+            else:
+                parts = _run_embedded(cfg, tracker, logger)
+            summary: dict[str, Any] = {
+                "experiment": cfg.experiment,
+                "trial": cfg.trial,
+                "final_version": int(parts["train"]["final_version"]),
+                "eval_accuracy_before": parts["before"]["accuracy"],
+                "eval_accuracy_after": parts["after"]["accuracy"],
+                "train": {k: v for k, v in parts["train"].items() if not isinstance(v, (list, dict))},
+                "rollout": {k: v for k, v in parts["rollout"].items() if not isinstance(v, (list, dict))},
+                "storage_uri": storage.root_uri,
+                "mlflow_run_id": tracker.run_id if tracker else None,
+                "mlflow_run_url": tracker.run_url if tracker else "-",
+                "source_model_version": source_version,
+                "wall_s": time.monotonic() - t0,
+            }
+            if tracker:
+                summary.update(_finish_tracking(cfg, tracker, parts, summary))
+            markdown_artifact(_summary_markdown(summary), key="async-rl-summary", description="Run summary")
+            status = "FINISHED"
+            return summary
+        except BaseException as exc:
+            status = "KILLED" if is_interruption(exc) else "FAILED"
+            raise
+        finally:
+            if tracker:
+                tracker.finish(status)
 
 
 def _report_finished(cfg: ExperimentConfig, done: dict[str, Any], logger: Any) -> dict[str, Any]:

@@ -18,9 +18,9 @@ from prefect import flow
 from rollflow.api.config import ExperimentConfig
 from tasks.evaluate import evaluate_policy
 from tasks.runtime import (
-    attach_core_loggers,
     config_data,
     configure_process_env,
+    core_logs_to_this_run,
     name_flow_run,
     resolve_config,
 )
@@ -41,31 +41,33 @@ def evaluate(
     from storage.fs import Storage
 
     configure_process_env()
-    attach_core_loggers()
-    cfg = resolve_config(config, overrides or [], data=config_data(settings))
-    configure_process_env(cfg)
-    store = CheckpointStore(Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options))
-    if version < 0:
-        latest = store.resolve_latest()
-        if latest is None:
-            raise CheckpointNotFoundError(
-                f"no committed checkpoint under {store.storage.root_uri}; train first"
-            )
-        version = latest.version
-    name_flow_run(f"evaluate-{cfg.trial}-v{version}")
-    local = store.fetch(version, Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial)
-    eval_cfg = dataclasses.replace(
-        cfg,
-        inference=dataclasses.replace(cfg.inference, backend="local", n_servers=1),
-        eval=dataclasses.replace(cfg.eval, split=split or cfg.eval.split),
-        model=dataclasses.replace(cfg.model, path=str(local)),
-    )
-    servers = start_servers(eval_cfg, str(local))
-    try:
-        result = evaluate_policy(eval_cfg, servers.addresses, label=f"v{version}", min_version=0)
-    finally:
-        stop_servers(servers)
-    return {k: v for k, v in result.items() if k != "rows"} | {"checkpoint_version": version}
+    with core_logs_to_this_run():
+        cfg = resolve_config(config, overrides or [], data=config_data(settings))
+        configure_process_env(cfg)
+        store = CheckpointStore(
+            Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+        )
+        if version < 0:
+            latest = store.resolve_latest()
+            if latest is None:
+                raise CheckpointNotFoundError(
+                    f"no committed checkpoint under {store.storage.root_uri}; train first"
+                )
+            version = latest.version
+        name_flow_run(f"evaluate-{cfg.trial}-v{version}")
+        local = store.fetch(version, Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial)
+        eval_cfg = dataclasses.replace(
+            cfg,
+            inference=dataclasses.replace(cfg.inference, backend="local", n_servers=1),
+            eval=dataclasses.replace(cfg.eval, split=split or cfg.eval.split),
+            model=dataclasses.replace(cfg.model, path=str(local)),
+        )
+        servers = start_servers(eval_cfg, str(local))
+        try:
+            result = evaluate_policy(eval_cfg, servers.addresses, label=f"v{version}", min_version=0)
+        finally:
+            stop_servers(servers)
+        return {k: v for k, v in result.items() if k != "rows"} | {"checkpoint_version": version}
 
 
 def main(argv: list[str] | None = None) -> int:

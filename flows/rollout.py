@@ -18,9 +18,9 @@ from tasks.bootstrap import bootstrap_model
 from tasks.distributed import child_tracker, rollout_name, writer_name_for
 from tasks.rollout import rollout_loop
 from tasks.runtime import (
-    attach_core_loggers,
     config_data,
     configure_process_env,
+    core_logs_to_this_run,
     name_flow_run,
     resolve_config,
 )
@@ -44,24 +44,24 @@ def rollout(
         mlflow_parent_run_id: log metrics into a run nested under this MLflow run.
     """
     configure_process_env()
-    attach_core_loggers()
-    cfg = resolve_config(config, overrides or [], data=config_data(settings))
-    configure_process_env(cfg)
-    name_flow_run(f"rollout-{cfg.trial}-w{worker_index or 0}")
-    tracker = child_tracker(cfg, mlflow_parent_run_id, rollout_name(worker_index or 0))
-    status = "FAILED"
-    model_path = bootstrap_model(cfg)
-    servers = start_servers(cfg, model_path)
-    try:
-        writer = None if worker_index is None else writer_name_for(worker_index)
-        sink = tracker.sink if tracker else None
-        out = rollout_loop(cfg, servers.addresses, fleet=servers, metrics=sink, writer_name=writer)
-        status = "FINISHED"
-        return out
-    finally:
-        stop_servers(servers)
-        if tracker:
-            tracker.finish(status)
+    with core_logs_to_this_run():
+        cfg = resolve_config(config, overrides or [], data=config_data(settings))
+        configure_process_env(cfg)
+        name_flow_run(f"rollout-{cfg.trial}-w{worker_index or 0}")
+        tracker = child_tracker(cfg, mlflow_parent_run_id, rollout_name(worker_index or 0))
+        status = "FAILED"
+        model_path = bootstrap_model(cfg)
+        servers = start_servers(cfg, model_path)
+        try:
+            writer = None if worker_index is None else writer_name_for(worker_index)
+            sink = tracker.sink if tracker else None
+            out = rollout_loop(cfg, servers.addresses, fleet=servers, metrics=sink, writer_name=writer)
+            status = "FINISHED"
+            return out
+        finally:
+            stop_servers(servers)
+            if tracker:
+                tracker.finish(status)
 
 
 def main(argv: list[str] | None = None) -> int:

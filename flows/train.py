@@ -20,9 +20,9 @@ from rollflow.api.config import ExperimentConfig
 from tasks.bootstrap import bootstrap_model
 from tasks.distributed import child_tracker
 from tasks.runtime import (
-    attach_core_loggers,
     config_data,
     configure_process_env,
+    core_logs_to_this_run,
     name_flow_run,
     resolve_config,
 )
@@ -58,16 +58,16 @@ def train(
         mlflow_parent_run_id: log the trainer's metrics into this MLflow run (the distributed parent's).
     """
     configure_process_env()
-    attach_core_loggers()
-    overrides = list(overrides or [])
-    cfg = resolve_config(config, overrides, data=config_data(settings))
-    configure_process_env(cfg)
-    name_flow_run(f"train-{cfg.trial}")
-    bootstrap_model(cfg)
-    if cfg.train.distributed != "none" and cfg.train.nproc_per_node > 1:
-        return train_torchrun(cfg, config, overrides)
-    tracker = child_tracker(cfg, mlflow_parent_run_id, "train")
-    return train_loop(cfg, metrics=tracker.sink if tracker else None)
+    with core_logs_to_this_run():
+        overrides = list(overrides or [])
+        cfg = resolve_config(config, overrides, data=config_data(settings))
+        configure_process_env(cfg)
+        name_flow_run(f"train-{cfg.trial}")
+        bootstrap_model(cfg)
+        if cfg.train.distributed != "none" and cfg.train.nproc_per_node > 1:
+            return train_torchrun(cfg, config, overrides)
+        tracker = child_tracker(cfg, mlflow_parent_run_id, "train")
+        return train_loop(cfg, metrics=tracker.sink if tracker else None)
 
 
 def main(argv: list[str] | None = None) -> int:

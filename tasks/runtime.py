@@ -9,8 +9,9 @@ What it is:
   a credential are refused (``SecretParameterError``: Prefect stores parameters in plain text); the
   overrides in ``$ROLLFLOW_SECRET_OVERRIDES`` (where the CLI puts secret ones) go on top.
 - ``name_flow_run``: renames the current flow run (``async-rl-{trial}``) once the trial is known.
-- ``attach_core_loggers``: sends the core's loggers (``rollflow``, ``storage``, ``infra``) to the
-  Prefect run logs, without ``PREFECT_LOGGING_EXTRA_LOGGERS``.
+- ``core_logs_to_this_run``: sends the core's loggers (``rollflow``, ``storage``, ``infra``) to the
+  Prefect run logs while a flow's body runs, without ``PREFECT_LOGGING_EXTRA_LOGGERS``, and puts them
+  back as they were when it ends.
 What it is not: anything that touches storage or servers.
 """
 
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 from prefect import get_run_logger, task
@@ -158,21 +160,40 @@ class _RunLogHandler(logging.Handler):
                 target.handle(record)
 
 
-def attach_core_loggers(level: int = logging.INFO) -> None:
-    """Send the core's loggers to this flow run's Prefect logs (what PREFECT_LOGGING_EXTRA_LOGGERS
-    does, plus the run id for lines logged outside the flow's context); call once per flow run."""
+@contextlib.contextmanager
+def core_logs_to_this_run(level: int = logging.INFO) -> Iterator[None]:
+    """While the block runs, send the core's loggers to this flow run's Prefect logs (what
+    PREFECT_LOGGING_EXTRA_LOGGERS does, plus the run id for lines logged outside the flow's context).
+
+    On exit the handler and the logger levels are put back as they were: in one process (a notebook, a
+    test session) a later line outside any flow run is not filed under a finished run, and a subflow
+    hands its parent's handler back. Outside a flow run it does nothing.
+    """
     from prefect.runtime import flow_run
 
     if not flow_run.id:
+        yield
         return
     handler = _RunLogHandler(list(logging.getLogger("prefect.extra").handlers), str(flow_run.id))
+    saved: dict[str, tuple[int, list[logging.Handler]]] = {}
     for name in CORE_LOGGERS:
         logger = logging.getLogger(name)
-        for old in [h for h in logger.handlers if isinstance(h, _RunLogHandler)]:
-            logger.removeHandler(old)  # a previous flow run in this process
+        outer = [h for h in logger.handlers if isinstance(h, _RunLogHandler)]
+        saved[name] = (logger.level, outer)
+        for h in outer:
+            logger.removeHandler(h)  # an enclosing flow run's, put back on exit
         logger.addHandler(handler)
         if logger.level == logging.NOTSET or logger.level > level:
             logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for name, (old_level, outer) in saved.items():
+            logger = logging.getLogger(name)
+            logger.removeHandler(handler)
+            for h in outer:
+                logger.addHandler(h)
+            logger.setLevel(old_level)
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
