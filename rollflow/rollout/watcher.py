@@ -22,15 +22,16 @@ when (a) a trainer in this process moves LATEST (``store.subscribe()``: the embe
 and watcher are threads of one process, sees a publish at once), or (b) on a local root, a stat of
 LATEST every ``local_poll_interval_s`` shows that it was replaced (a sidecar or another process).
 
-Server health: every ``health_interval_s`` (default ``poll_interval_s``) the watcher asks each server
-which version it serves (``/get_model_info``, one GET). A server that does not answer is unreachable:
-it no longer holds the others back (``serving_version`` and ``on_update`` follow the servers that
-answer), and it is probed again on later polls. One that serves another version than the others (it
-was restarted and serves the initial weights again) is loaded with the served version at once. When no
-server has answered for ``dead_server_timeout_s``, ``on_fatal(message)`` is called once (the rollout
-loop then stops with that message). ``drop_server`` removes a server for good (its supervisor gave
-up) and retracts its ack; ``resync`` asks for a check at once (its supervisor restarted it). The served
-version is re-acked every ``ack_ttl_s / 4``, so a live server's ack never expires and a dead one's does.
+Server health (``rollflow.rollout.fleet_health.FleetHealth``, which the watcher owns and which keeps
+the acks): every ``health_interval_s`` (default ``poll_interval_s``) each server is asked which version
+it serves (``/get_model_info``, one GET). A server that does not answer is unreachable: it no longer
+holds the others back (``serving_version`` and ``on_update`` follow the servers that answer), and it is
+probed again on later polls. One that serves another version than the others (it was restarted and
+serves the initial weights again) is loaded with the served version at once. When no server has
+answered for ``dead_server_timeout_s``, ``on_fatal(message)`` is called once (the rollout loop then
+stops with that message). ``drop_server`` removes a server for good (its supervisor gave up) and
+retracts its ack; ``resync`` asks for a check at once (its supervisor restarted it). The served version
+is re-acked every ``ack_ttl_s / 4``, so a live server's ack never expires and a dead one's does.
 
 So generation stops only for the load itself (``pause_s``), never for the trainer's save or the verification.
 Records ``publish_to_serving_s`` (COMMIT.json's ``created_at`` -> all servers serve N) and ``pause_s`` in
@@ -47,7 +48,8 @@ Runs as a thread in the rollout process (``start()`` / ``stop()``) or as a sidec
         [--local-poll-interval-s 0.02] [--no-in-place] [--ack-ttl-s 300]
     # API key from $ROLLFLOW_INFERENCE_API_KEY; S3 credentials from the AWS_* variables
 
-What it is not: no generation, no GC of storage (the trainer's ``CheckpointStore.gc`` uses the acks).
+What it is not: no generation, no GC of storage (the trainer's ``CheckpointStore.gc`` uses the acks),
+no bookkeeping of which servers are live or what they serve (``FleetHealth``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import InferenceError, ServerUnavailableError, WeightUpdateError
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.stores import CheckpointSource
+from rollflow.rollout.fleet_health import FleetHealth
 from rollflow.rollout.routing import control_call
 from rollflow.rollout.sglang_protocol import (
     ROUTE_CONTINUE,
@@ -162,21 +165,19 @@ class CheckpointWatcher:
         self.request_timeout_s = request_timeout_s
         self.keep_cached = max(1, keep_cached)
         self.max_backoff_s = max_backoff_s
-        self.ack_ttl_s = ack_ttl_s  # the store's ack TTL: acks are refreshed every ack_ttl_s / 4
-        self.health_interval_s = poll_interval_s if health_interval_s is None else health_interval_s
-        self.dead_server_timeout_s = dead_server_timeout_s
-        self.on_fatal = on_fatal
+        self.fleet = FleetHealth(
+            store,
+            self.servers,
+            self.server_ids,
+            api_key=api_key,
+            health_interval_s=poll_interval_s if health_interval_s is None else health_interval_s,
+            dead_server_timeout_s=dead_server_timeout_s,
+            ack_ttl_s=ack_ttl_s,
+            on_fatal=on_fatal,
+        )
         self.events: list[WatcherEvent] = []
         self._latest_problem: str | None = None  # last malformed-LATEST problem reported as an event
         self.serving_version: int | None = None  # the version every live, reachable server serves
-        self._sid = dict(zip(self.servers, self.server_ids, strict=True))
-        self._served: dict[str, int | None] = {}  # address -> version it serves, where known
-        self._unreachable: dict[str, float] = {}  # address -> monotonic time it was first unreachable
-        self._dropped: dict[str, str] = {}  # address -> why (its supervisor gave up on it)
-        self._acked_at: dict[str, float] = {}  # address -> monotonic time of its last serving ack
-        self._acked: dict[str, int] = {}  # address -> the version of its last serving ack
-        self._next_health_check = 0.0
-        self._fatal_reported = False
         self._failures: dict[int, tuple[int, float]] = {}  # version -> (attempts, retry not before)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -224,14 +225,14 @@ class CheckpointWatcher:
 
     def poll_once(self) -> int | None:
         """Run one poll (steps 1-5 above); returns the version now served if this poll changed it."""
-        if not self._live():
+        if not self.fleet.live():
             return None
-        self._check_servers_if_due()
+        self.fleet.check_if_due()
         try:
             hint = self.store.latest_version()
             if hint is not None and self.serving_version is not None and hint <= self.serving_version:
                 self._catch_up()  # nothing new: bring restarted / returning servers to serving_version
-                self._heartbeat()
+                self.fleet.heartbeat()
                 return None  # LATEST only names committed versions and never moves back: nothing new
             ref = self.store.resolve_latest()
         except Exception as e:
@@ -243,7 +244,7 @@ class CheckpointWatcher:
         v = int(ref.version)
         if self.serving_version is not None and v <= self.serving_version:
             self._catch_up()
-            self._heartbeat()
+            self.fleet.heartbeat()
             return None
         attempts, not_before = self._failures.get(v, (0, 0.0))
         if time.monotonic() < not_before:
@@ -252,18 +253,16 @@ class CheckpointWatcher:
 
     def _load(self, v: int, ref: Any, attempts: int) -> int | None:
         """Load ``v`` into every live server that does not serve it; ``v`` if they all do afterwards."""
-        targets = [a for a in self._live() if self._acked.get(a) != v or self._served.get(a) != v]
-        sids = [self._sid[a] for a in targets]
+        targets = self.fleet.needing(v)
         t0 = time.perf_counter()
         try:
-            for sid in sids:  # before reading any file: GC keeps what is being loaded
-                self.store.ack(v, sid, state="loading")
+            self.fleet.ack_loading(v, targets)  # before reading any file: GC keeps what is being loaded
             if self.in_place:
                 local = self.store.verified_dir(v, self.cache_dir)
             else:
                 local = self.store.fetch(v, self.cache_dir)
         except Exception as e:  # CheckpointIntegrityError / CheckpointNotFoundError / storage errors
-            self._retract(v, sids)
+            self.fleet.retract(v, targets)
             self._fail(v, attempts, f"fetch failed: {type(e).__name__}: {e}")
             return None
         fetch_s = time.perf_counter() - t0
@@ -276,22 +275,20 @@ class CheckpointWatcher:
         failed = []
         for addr, (status, _, msg) in zip(targets, results, strict=True):
             if status == "ok":
-                self._mark_reachable(addr)
-                self._served[addr] = v
-                self._ack(addr, v)
+                self.fleet.on_serving(addr, v)
                 continue
-            self._retract(v, [self._sid[addr]])
+            self.fleet.retract(v, [addr])
             if status == "unreachable":  # dead or restarting: it must not hold the others back
-                self._mark_unreachable(addr, msg)
+                self.fleet.on_unreachable(addr, msg)
             else:
                 failed.append(f"{addr}: {msg}")
         pause_s = max((p for st, p, _ in results if st == "ok"), default=0.0)
         if failed:
             self._fail(v, attempts, "; ".join(failed))
             return None
-        reachable = [a for a in self._live() if a not in self._unreachable]
+        reachable = self.fleet.reachable()
         if not reachable:
-            self._fail(v, attempts, f"no inference server reachable: {self._unreachable_summary()}")
+            self._fail(v, attempts, f"no inference server reachable: {self.fleet.unreachable_summary()}")
             return None
         if self.serving_version is not None and v <= self.serving_version:
             return None  # a catch-up load (a restarted server back on the served version)
@@ -356,132 +353,30 @@ class CheckpointWatcher:
         except InferenceError as e:
             return "failed", 0.0, str(e)
 
-    # --- server health and acks --------------------------------------------------------------------------------
-
-    def _live(self) -> list[str]:
-        """Servers not dropped (unreachable ones included: they may come back)."""
-        return [a for a in self.servers if a not in self._dropped]
-
-    def _check_servers_if_due(self) -> None:
-        """Every ``health_interval_s``: ask each live server which version it serves (one GET each).
-
-        This is how the watcher sees a server that was restarted (it serves the initial weights again)
-        or that came back after being unreachable; ``_catch_up`` then loads the served version into it.
-        """
-        now = time.monotonic()
-        if now < self._next_health_check:
-            return
-        self._next_health_check = now + self.health_interval_s
-        live = self._live()
-        with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:
-            infos = list(pool.map(self._model_info, live))
-        for addr, info in zip(live, infos, strict=True):
-            if isinstance(info, str):
-                self._mark_unreachable(addr, info)
-                continue
-            self._mark_reachable(addr)
-            served = str(info.get("weight_version")) if isinstance(info, dict) else ""
-            self._served[addr] = int(served) if served.isdigit() else None
-        self._check_fatal()
-
-    def _model_info(self, addr: str) -> dict[str, Any] | str:
-        try:
-            info = control_call(addr, ROUTE_MODEL_INFO, api_key=self.api_key, timeout_s=5.0)
-        except InferenceError as e:
-            return str(e)
-        return info if isinstance(info, dict) else {}
+    # --- server health (kept by ``self.fleet``) -----------------------------------------------------------------
 
     def _catch_up(self) -> None:
         """Load ``serving_version`` into live servers known to serve something else (restarted ones)."""
         v = self.serving_version
         if v is None:
             return
-        behind = [a for a in self._live() if a not in self._unreachable and a in self._served]
-        if not any(self._served[a] != v for a in behind):
+        lagging = self.fleet.lagging(v)
+        if not lagging:
             return
         attempts, not_before = self._failures.get(v, (0, 0.0))
         if time.monotonic() < not_before:
             return
-        lagging = {a: self._served[a] for a in behind if self._served[a] != v}
         logger.warning("server(s) serve %s, not v%d (restarted?): loading v%d into them", lagging, v, v)
         self._load(v, _CatchUp(v), attempts)
 
-    def _mark_unreachable(self, addr: str, message: str) -> None:
-        if addr not in self._unreachable:
-            self._unreachable[addr] = time.monotonic()
-            logger.error("inference server %s is unreachable: %s", addr, message)
-            self._served.pop(addr, None)
-
-    def _mark_reachable(self, addr: str) -> None:
-        if self._unreachable.pop(addr, None) is not None:
-            logger.warning("inference server %s answers again", addr)
-            self._fatal_reported = False
-
-    def _unreachable_summary(self) -> str:
-        now = time.monotonic()
-        return ", ".join(f"{a} (for {now - t:.0f}s)" for a, t in self._unreachable.items())
-
-    def _check_fatal(self) -> None:
-        """No live server answered for ``dead_server_timeout_s``: tell ``on_fatal`` once (the loop stops)."""
-        live = self._live()
-        if self._fatal_reported or self.on_fatal is None:
-            return
-        if live and any(a not in self._unreachable for a in live):
-            return
-        since = min(self._unreachable.values(), default=time.monotonic())
-        if live and time.monotonic() - since < self.dead_server_timeout_s:
-            return
-        self._fatal_reported = True
-        dropped = "; ".join(f"{a}: {r}" for a, r in self._dropped.items())
-        if live:
-            message = f"no inference server has answered for {self.dead_server_timeout_s:.0f}s: "
-            message += self._unreachable_summary() + (f"; dropped: {dropped}" if dropped else "")
-        else:
-            message = f"every inference server was dropped (none left): {dropped}"
-        logger.error("%s", message)
-        try:
-            self.on_fatal(message)
-        except Exception:
-            logger.exception("on_fatal raised")
-
-    def _ack(self, addr: str, v: int) -> None:
-        try:
-            self.store.ack(v, self._sid[addr])
-            self._acked_at[addr] = time.monotonic()
-            self._acked[addr] = v
-        except Exception as e:
-            logger.warning("ack of v%d for %s failed: %s", v, self._sid[addr], e)
-
-    def _heartbeat(self) -> None:
-        """Re-ack the served version every ``ack_ttl_s / 4``, so a live server's ack never expires (a dead
-        server's does, and checkpoint GC goes on past it)."""
-        if self.ack_ttl_s is None:
-            return
-        now = time.monotonic()
-        for addr in self._live():
-            v = self._served.get(addr)
-            if v is None or addr in self._unreachable:
-                continue
-            if now - self._acked_at.get(addr, 0.0) >= self.ack_ttl_s / 4:
-                self._ack(addr, v)
-
     def drop_server(self, address: str, reason: str) -> None:
         """Stop updating ``address`` for good (its supervisor gave up on it) and retract its ack."""
-        if address not in self._sid or address in self._dropped:
-            return
-        self._dropped[address] = reason
-        v = self._served.pop(address, None)
-        self._unreachable.pop(address, None)
-        if v is not None:
-            self._retract(v, [self._sid[address]])
-        logger.error("watcher: dropped %s", address)
-        self._check_fatal()
-        self._wake.set()
+        if self.fleet.drop(address, reason):
+            self._wake.set()
 
     def resync(self, address: str) -> None:
         """``address`` was restarted: check what it serves and catch it up at the next poll (at once)."""
-        self._served.pop(address, None)
-        self._next_health_check = 0.0
+        self.fleet.resync(address)
         self._wake.set()
 
     def _note_latest_problem(self, problem: str | None, ref: Any | None) -> None:
@@ -499,13 +394,6 @@ class CheckpointWatcher:
             )
             n_errors = sum(1 for e in self.events if e.kind == "error")
         self.metrics.log({"watcher/errors": float(n_errors)}, step=max(v, 0))
-
-    def _retract(self, v: int, server_ids: Sequence[str]) -> None:
-        for sid in server_ids:
-            try:
-                self.store.retract_ack(v, sid)
-            except Exception as e:  # the ack then only keeps v from GC a little longer
-                logger.warning("retracting the loading ack of v%d for %s failed: %s", v, sid, e)
 
     def _fail(self, v: int, attempts: int, message: str) -> None:
         delay = min(self.poll_interval_s * 2**attempts, self.max_backoff_s)

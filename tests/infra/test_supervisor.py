@@ -168,6 +168,8 @@ def _expiry(cpu_server: Any, tiny_model_dir: Path, tiny_model_dir_b: Path, tmp_p
     assert store.gc(keep_last=1) == [0, 1, 2]
     # The heartbeat: once ack_ttl_s / 4 has passed, a poll with nothing new re-acks what is served.
     before = storage.get_json(keys.ack_key(3, live_id))["acked_at"]
-    watcher._acked_at = {a: t - ttl / 4 for a, t in watcher._acked_at.items()}  # as if ttl/4 had passed
+    watcher.fleet._acked_at = {
+        a: t - ttl / 4 for a, t in watcher.fleet._acked_at.items()
+    }  # as if ttl/4 had passed
     assert watcher.poll_once() is None
     assert storage.get_json(keys.ack_key(3, live_id))["acked_at"] > before
