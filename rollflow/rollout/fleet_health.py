@@ -30,14 +30,15 @@ after t = 90 reports it: "no server has answered for 60 s" is then true. After `
 ``drop(b)`` it is fatal at once ("every inference server was dropped (none left)").
 
 What it is not: no weight loading (pause / update / continue is the watcher's), no polling of LATEST,
-no routing of requests (``rollflow.rollout.routing``), no restarts (``infra/supervisor.py``). Not locked:
-the watcher's thread calls it, and ``drop`` / ``resync`` come from a supervisor's thread, as they did
-when this lived inside the watcher.
+no routing of requests (``rollflow.rollout.routing``), no restarts (``infra/supervisor.py``). The
+watcher's thread calls it and ``drop`` / ``resync`` come from a supervisor's thread, so the bookkeeping is
+under one re-entrant lock; the health check's GETs run outside it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -78,6 +79,7 @@ class FleetHealth:
         self._unreachable: dict[str, float] = {}  # address -> monotonic time it was first unreachable
         self._dropped: dict[str, str] = {}  # address -> why (its supervisor gave up on it)
         self._acked_at: dict[str, float] = {}  # address -> monotonic time of its last serving ack
+        self._lock = threading.RLock()  # the watcher's thread and a supervisor's (drop / resync)
         self._acked: dict[str, int] = {}  # address -> the version of its last serving ack
         self._next_health_check = 0.0
         self._fatal_reported = False
@@ -86,55 +88,66 @@ class FleetHealth:
 
     def live(self) -> list[str]:
         """Servers not dropped (unreachable ones included: they may come back)."""
-        return [a for a in self.servers if a not in self._dropped]
+        with self._lock:
+            return [a for a in self.servers if a not in self._dropped]
 
     def reachable(self) -> list[str]:
         """Live servers that answered last time they were asked."""
-        return [a for a in self.live() if a not in self._unreachable]
+        with self._lock:
+            return [a for a in self.live() if a not in self._unreachable]
 
     def needing(self, v: int) -> list[str]:
         """Live servers not known to serve ``v`` with a serving ack for it: the targets of a load of ``v``."""
-        return [a for a in self.live() if self._acked.get(a) != v or self._served.get(a) != v]
+        with self._lock:
+            return [a for a in self.live() if self._acked.get(a) != v or self._served.get(a) != v]
 
     def lagging(self, v: int) -> dict[str, int | None]:
         """Reachable servers known to serve another version than ``v`` (restarted ones) -> what they serve."""
-        return {a: self._served[a] for a in self.reachable() if a in self._served and self._served[a] != v}
+        with self._lock:
+            return {
+                a: self._served[a] for a in self.reachable() if a in self._served and self._served[a] != v
+            }
 
     def unreachable_summary(self) -> str:
-        now = time.monotonic()
-        return ", ".join(f"{a} (for {now - t:.0f}s)" for a, t in self._unreachable.items())
+        with self._lock:
+            now = time.monotonic()
+            return ", ".join(f"{a} (for {now - t:.0f}s)" for a, t in self._unreachable.items())
 
     # --- events ----------------------------------------------------------------------------------------
 
     def on_serving(self, addr: str, v: int) -> None:
         """``addr`` answered and serves ``v`` (a load went through): reachable, served and acked."""
-        self._mark_reachable(addr)
-        self._served[addr] = v
-        self._ack(addr, v)
+        with self._lock:
+            self._mark_reachable(addr)
+            self._served[addr] = v
+            self._ack(addr, v)
 
     def on_unreachable(self, addr: str, message: str) -> None:
-        if addr not in self._unreachable:
-            self._unreachable[addr] = time.monotonic()
-            logger.error("inference server %s is unreachable: %s", addr, message)
-            self._served.pop(addr, None)
+        with self._lock:
+            if addr not in self._unreachable:
+                self._unreachable[addr] = time.monotonic()
+                logger.error("inference server %s is unreachable: %s", addr, message)
+                self._served.pop(addr, None)
 
     def drop(self, address: str, reason: str) -> bool:
         """Stop tracking ``address`` for good and retract its ack; False if unknown or already dropped."""
-        if address not in self._sid or address in self._dropped:
-            return False
-        self._dropped[address] = reason
-        v = self._served.pop(address, None)
-        self._unreachable.pop(address, None)
-        if v is not None:
-            self.retract(v, [address])
-        logger.error("watcher: dropped %s", address)
-        self._check_fatal()
-        return True
+        with self._lock:
+            if address not in self._sid or address in self._dropped:
+                return False
+            self._dropped[address] = reason
+            v = self._served.pop(address, None)
+            self._unreachable.pop(address, None)
+            if v is not None:
+                self.retract(v, [address])
+            logger.error("watcher: dropped %s", address)
+            self._check_fatal()
+            return True
 
     def resync(self, address: str) -> None:
         """``address`` was restarted: forget what it served and make the next health check due at once."""
-        self._served.pop(address, None)
-        self._next_health_check = 0.0
+        with self._lock:
+            self._served.pop(address, None)
+            self._next_health_check = 0.0
 
     # --- health checks ---------------------------------------------------------------------------------
 
@@ -144,21 +157,25 @@ class FleetHealth:
         This is how the watcher sees a server that was restarted (it serves the initial weights again)
         or that came back after being unreachable; ``lagging`` then names it.
         """
-        now = time.monotonic()
-        if now < self._next_health_check:
-            return
-        self._next_health_check = now + self.health_interval_s
-        live = self.live()
-        with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next_health_check:
+                return
+            self._next_health_check = now + self.health_interval_s
+            live = self.live()
+        with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:  # the GETs: outside the lock
             infos = list(pool.map(self._model_info, live))
-        for addr, info in zip(live, infos, strict=True):
-            if isinstance(info, str):
-                self.on_unreachable(addr, info)
-                continue
-            self._mark_reachable(addr)
-            served = str(info.get("weight_version")) if isinstance(info, dict) else ""
-            self._served[addr] = int(served) if served.isdigit() else None
-        self._check_fatal()
+        with self._lock:
+            for addr, info in zip(live, infos, strict=True):
+                if addr in self._dropped:
+                    continue  # dropped while it was being asked
+                if isinstance(info, str):
+                    self.on_unreachable(addr, info)
+                    continue
+                self._mark_reachable(addr)
+                served = str(info.get("weight_version")) if isinstance(info, dict) else ""
+                self._served[addr] = int(served) if served.isdigit() else None
+            self._check_fatal()
 
     def _model_info(self, addr: str) -> dict[str, Any] | str:
         try:
@@ -168,33 +185,35 @@ class FleetHealth:
         return info if isinstance(info, dict) else {}
 
     def _mark_reachable(self, addr: str) -> None:
-        if self._unreachable.pop(addr, None) is not None:
-            logger.warning("inference server %s answers again", addr)
-            self._fatal_reported = False
+        with self._lock:
+            if self._unreachable.pop(addr, None) is not None:
+                logger.warning("inference server %s answers again", addr)
+                self._fatal_reported = False
 
     def _check_fatal(self) -> None:
         """No live server answered for ``dead_server_timeout_s``: tell ``on_fatal`` once (the loop stops)."""
-        live = self.live()
-        if self._fatal_reported or self.on_fatal is None:
-            return
-        if live and any(a not in self._unreachable for a in live):
-            return
-        # The last answer from any live server came before the newest of their losses.
-        since = max((self._unreachable[a] for a in live), default=time.monotonic())
-        if live and time.monotonic() - since < self.dead_server_timeout_s:
-            return
-        self._fatal_reported = True
-        dropped = "; ".join(f"{a}: {r}" for a, r in self._dropped.items())
-        if live:
-            message = f"no inference server has answered for {self.dead_server_timeout_s:.0f}s: "
-            message += self.unreachable_summary() + (f"; dropped: {dropped}" if dropped else "")
-        else:
-            message = f"every inference server was dropped (none left): {dropped}"
-        logger.error("%s", message)
-        try:
-            self.on_fatal(message)
-        except Exception:
-            logger.exception("on_fatal raised")
+        with self._lock:
+            live = self.live()
+            if self._fatal_reported or self.on_fatal is None:
+                return
+            if live and any(a not in self._unreachable for a in live):
+                return
+            # The last answer from any live server came before the newest of their losses.
+            since = max((self._unreachable[a] for a in live), default=time.monotonic())
+            if live and time.monotonic() - since < self.dead_server_timeout_s:
+                return
+            self._fatal_reported = True
+            dropped = "; ".join(f"{a}: {r}" for a, r in self._dropped.items())
+            if live:
+                message = f"no inference server has answered for {self.dead_server_timeout_s:.0f}s: "
+                message += self.unreachable_summary() + (f"; dropped: {dropped}" if dropped else "")
+            else:
+                message = f"every inference server was dropped (none left): {dropped}"
+            logger.error("%s", message)
+            try:
+                self.on_fatal(message)
+            except Exception:
+                logger.exception("on_fatal raised")
 
     # --- acks ------------------------------------------------------------------------------------------
 
@@ -212,22 +231,24 @@ class FleetHealth:
                 logger.warning("retracting the loading ack of v%d for %s failed: %s", v, sid, e)
 
     def _ack(self, addr: str, v: int) -> None:
-        try:
-            self.store.ack(v, self._sid[addr])
-            self._acked_at[addr] = time.monotonic()
-            self._acked[addr] = v
-        except Exception as e:
-            logger.warning("ack of v%d for %s failed: %s", v, self._sid[addr], e)
+        with self._lock:
+            try:
+                self.store.ack(v, self._sid[addr])
+                self._acked_at[addr] = time.monotonic()
+                self._acked[addr] = v
+            except Exception as e:
+                logger.warning("ack of v%d for %s failed: %s", v, self._sid[addr], e)
 
     def heartbeat(self) -> None:
         """Re-ack the served version every ``ack_ttl_s / 4``, so a live server's ack never expires (a dead
         server's does, and checkpoint GC goes on past it)."""
-        if self.ack_ttl_s is None:
-            return
-        now = time.monotonic()
-        for addr in self.live():
-            v = self._served.get(addr)
-            if v is None or addr in self._unreachable:
-                continue
-            if now - self._acked_at.get(addr, 0.0) >= self.ack_ttl_s / 4:
-                self._ack(addr, v)
+        with self._lock:
+            if self.ack_ttl_s is None:
+                return
+            now = time.monotonic()
+            for addr in self.live():
+                v = self._served.get(addr)
+                if v is None or addr in self._unreachable:
+                    continue
+                if now - self._acked_at.get(addr, 0.0) >= self.ack_ttl_s / 4:
+                    self._ack(addr, v)
