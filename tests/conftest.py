@@ -254,6 +254,9 @@ def use_prefect_server(prefect_server: str, prefect_env: dict[str, str]) -> Iter
             updates={PREFECT_API_URL: prefect_server, PREFECT_HOME: prefect_env["PREFECT_HOME"]}
         ):
             yield prefect_server
+            from prefect.logging.handlers import APILogHandler
+
+            APILogHandler().flush()  # send this test's queued run logs while the server is up
     finally:
         for k, v in saved.items():
             if v is None:
