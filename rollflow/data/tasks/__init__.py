@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 Split = Literal["train", "test"]
@@ -40,6 +41,23 @@ class SyntheticProblem(Protocol):
 
     @property
     def answer(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class SumProblem:
+    """``a+b=`` with the true sum as answer: the problem of both addition families (each adds its own
+    properties in a subclass)."""
+
+    a: int
+    b: int
+
+    @property
+    def text(self) -> str:
+        return f"{self.a}+{self.b}="
+
+    @property
+    def answer(self) -> str:
+        return str(self.a + self.b)
 
 
 class SyntheticTask(Protocol):

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from rollflow.data.tasks import Split, check_split, draw, hash_byte
+from rollflow.data.tasks import Split, SumProblem, check_split, draw, hash_byte
 
 NAME = "add_gap"
 LOW, HIGH, MAX_SUM = 10, 99, 99  # as add_habit: a, b >= 10, two-digit sums
@@ -51,19 +51,8 @@ _HELD_OUT_BYTE_BELOW = 64  # of the gap problems, sha256 first byte < 64 (1/4) i
 
 
 @dataclass(frozen=True)
-class GapAdditionProblem:
-    """``a+b=`` with the true sum as answer."""
-
-    a: int
-    b: int
-
-    @property
-    def text(self) -> str:
-        return f"{self.a}+{self.b}="
-
-    @property
-    def answer(self) -> str:
-        return str(self.a + self.b)
+class GapAdditionProblem(SumProblem):
+    """``a+b=`` with the true sum as answer, and whether an operand lies in the gap."""
 
     @property
     def in_gap(self) -> bool:

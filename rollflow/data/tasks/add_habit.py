@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from rollflow.data.tasks import Split, check_split, draw, hash_byte
+from rollflow.data.tasks import Split, SumProblem, check_split, draw, hash_byte
 
 LOW, HIGH = 10, 99  # operand range, inclusive
 MAX_SUM = 99  # two-digit answers only
@@ -54,19 +54,8 @@ _HELD_OUT_BYTE_BELOW = 32  # sha256 first byte < 32  <=>  held out (32/256 = 1/8
 
 
 @dataclass(frozen=True)
-class AdditionProblem:
+class AdditionProblem(SumProblem):
     """``a+b=``: ``answer`` is the true sum, ``distractor`` what the off-by-one habit says."""
-
-    a: int
-    b: int
-
-    @property
-    def text(self) -> str:
-        return f"{self.a}+{self.b}="
-
-    @property
-    def answer(self) -> str:
-        return str(self.a + self.b)
 
     @property
     def round_operand(self) -> bool:
