@@ -53,7 +53,7 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 
 docs: install  ## regenerate docs/configuration.md from the config's help text
-	$(PY) -m rollflow.api.config_loader --docs > docs/configuration.md
+	$(PY) -m rollflow.configuration.loader --docs > docs/configuration.md
 
 bench: install
 	$(PY) -m bench.storage

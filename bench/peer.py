@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
 
-    from rollflow.api.config_loader import load_config
     from rollflow.api.workflow import import_string
+    from rollflow.configuration.loader import load_config
     from rollflow.data import load_prompts
     from rollflow.models.bootstrap import bootstrap_for
 

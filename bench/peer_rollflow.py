@@ -38,8 +38,8 @@ import torch
 from safetensors.torch import save_file
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.config_loader import load_config
 from rollflow.api.metrics import InMemorySink
+from rollflow.configuration.loader import load_config
 
 logger = logging.getLogger("bench.peer_rollflow")
 

@@ -115,7 +115,7 @@ def write_shards(storage: Any, n_groups: int, seed: int = 0) -> None:
 
 
 def _cfg(workdir: Path, trial: str, steps: int, threads: int) -> Any:
-    from rollflow.api.config_loader import load_config
+    from rollflow.configuration.loader import load_config
 
     return load_config(
         data={

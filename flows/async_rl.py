@@ -25,7 +25,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.distributed import run_distributed
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.parameter_secrets import refuse_secret_overrides_for_other_processes
+from rollflow.configuration.parameter_secrets import refuse_secret_overrides_for_other_processes
 from tasks.bootstrap import bootstrap_model
 from tasks.evaluate import eval_loop, evaluate_policy
 from tasks.lineage import run_lineage, run_lineage_tags
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=20")
     args = parser.parse_args(argv)
     from flows.local_api import local_prefect_api
-    from rollflow.api.parameter_secrets import secret_overrides_aside
+    from rollflow.configuration.parameter_secrets import secret_overrides_aside
 
     with local_prefect_api(), secret_overrides_aside(args.overrides) as overrides:
         summary = async_rl(config=args.config, overrides=overrides, trial=args.trial, resume=args.resume)

@@ -26,7 +26,7 @@ DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
 def _run(args: argparse.Namespace, *, resume: bool) -> int:
     from flows.async_rl import async_rl, print_summary
     from flows.local_api import local_prefect_api
-    from rollflow.api.parameter_secrets import secret_overrides_aside
+    from rollflow.configuration.parameter_secrets import secret_overrides_aside
 
     with local_prefect_api(), secret_overrides_aside(args.overrides) as overrides:
         summary = async_rl(config=args.config, overrides=overrides, trial=args.trial, resume=resume)
@@ -37,7 +37,7 @@ def _run(args: argparse.Namespace, *, resume: bool) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from flows.evaluate import evaluate
     from flows.local_api import local_prefect_api
-    from rollflow.api.parameter_secrets import secret_overrides_aside
+    from rollflow.configuration.parameter_secrets import secret_overrides_aside
 
     with local_prefect_api(), secret_overrides_aside([*args.overrides, f"trial={args.trial}"]) as overrides:
         result = evaluate(config=args.config, overrides=overrides, version=args.version, split=args.split)

@@ -20,8 +20,8 @@ import sys
 from typing import Any
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.config_loader import load_config, to_yaml
 from rollflow.api.errors import ConfigError
+from rollflow.configuration.loader import load_config, to_yaml
 
 
 class MissingImageError(ConfigError):

@@ -40,7 +40,7 @@ from typing import Any
 from rollflow.api.config import INFERENCE_WEIGHTS_ROOTS_ENV as WEIGHTS_ROOTS_ENV
 from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import ServerStartupError
-from rollflow.api.redact import redact_args
+from rollflow.configuration.redact import redact_args
 
 logger = logging.getLogger(__name__)
 

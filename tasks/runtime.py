@@ -29,8 +29,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.config_loader import load_config, to_yaml
-from rollflow.api.parameter_secrets import env_secret_overrides, refuse_secret_parameters
+from rollflow.configuration.loader import load_config, to_yaml
+from rollflow.configuration.parameter_secrets import env_secret_overrides, refuse_secret_parameters
 
 T = TypeVar("T")
 
@@ -73,7 +73,7 @@ def config_data(settings: ExperimentConfig | dict[str, Any] | None) -> dict[str,
         return None
     if isinstance(settings, dict):
         return settings
-    from rollflow.api.config_loader import to_dict
+    from rollflow.configuration.loader import to_dict
 
     return to_dict(settings)
 

@@ -7,7 +7,9 @@ are exempt, because they never run):
 * ``rollflow/`` imports neither infra, tasks nor flows (layers point one way).
 * ``rollflow/`` and ``storage/`` never import prefect: the core runs and tests without it.
 * ``rollflow/api/`` is light: no torch, pyarrow, storage, transformers, numpy, datasets, fsspec,
-  mlflow or prefect, so a newcomer (or a reward worker process) can import the contracts cheaply.
+  mlflow, prefect or yaml, so a newcomer (or a reward worker process) can import the contracts cheaply;
+  and it is only contracts: of ours it imports ``rollflow.api`` alone (the loader, redaction and the
+  rest of the machinery live in ``rollflow/configuration/`` and the modules that implement them).
 * Inside ``rollflow/`` only ``rollflow/tracking/`` imports mlflow; the loops see a ``MetricsSink``.
 """
 
@@ -63,7 +65,18 @@ RULES = [
     ("rollflow", ("infra", "tasks", "flows", "prefect"), ()),
     (
         "rollflow/api",
-        ("torch", "pyarrow", "storage", "transformers", "numpy", "datasets", "fsspec", "mlflow", "prefect"),
+        (
+            "torch",
+            "pyarrow",
+            "storage",
+            "transformers",
+            "numpy",
+            "datasets",
+            "fsspec",
+            "mlflow",
+            "prefect",
+            "yaml",
+        ),
         (),
     ),
     ("rollflow", ("mlflow",), ("rollflow/tracking/",)),
@@ -73,6 +86,16 @@ RULES = [
 @pytest.mark.parametrize(("package", "forbidden", "exempt"), RULES, ids=[f"{r[0]}-{r[1][0]}" for r in RULES])
 def test_imports_point_one_way(package: str, forbidden: tuple[str, ...], exempt: tuple[str, ...]) -> None:
     assert violations(package, forbidden, exempt=exempt) == []
+
+
+def test_the_contracts_import_only_contracts() -> None:
+    found = [
+        f"{path.relative_to(ROOT).as_posix()}:{line} imports {module}"
+        for path in sorted((ROOT / "rollflow" / "api").rglob("*.py"))
+        for line, module in imported_modules(path.read_text())
+        if module.split(".")[0] == "rollflow" and not module.startswith("rollflow.api")
+    ]
+    assert found == []
 
 
 def test_the_checker_sees_nested_imports_and_skips_type_checking() -> None:

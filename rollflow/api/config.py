@@ -3,7 +3,7 @@
 What it is: every knob of a rollflow run, with help text and defaults taken from the papers
 (GRPO, DAPO's asymmetric clip, dual-clip PPO, AReaL's decoupled loss and staleness bound).
 The tree is plain dataclasses so Prefect renders it as a form and YAML maps onto it one to one.
-Loading, overrides and validation live in ``rollflow.api.config_loader``; this module only
+Loading, overrides and validation live in ``rollflow.configuration.loader``; this module only
 declares fields and the checks that concern a single section (``__post_init__``).
 
 What it is not: it does not read files, talk to storage or know about Prefect.

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m rollflow.rollout.
     args = p.parse_args(argv)
     options: dict[str, Any] = {}
     if args.config:
-        from rollflow.api.config_loader import load_config
+        from rollflow.configuration.loader import load_config
 
         cfg = load_config(args.config, args.overrides)
         args.storage_root = args.storage_root or cfg.storage.root

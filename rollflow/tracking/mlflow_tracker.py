@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.config_loader import flat_params, to_yaml
+from rollflow.configuration.loader import flat_params, to_yaml
 from rollflow.tracking.registry import Registry, log_transformers_model
 
 log = logging.getLogger(__name__)

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    from rollflow.api.config_loader import load_config
+    from rollflow.configuration.loader import load_config
 
     try:
         cfg = load_config(args.config, args.overrides)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from rollflow.api.config import ExperimentConfig, is_loopback_host
-from rollflow.api.config_loader import flat_params, load_config, render_docs, to_yaml
 from rollflow.api.errors import ConfigError
+from rollflow.configuration.loader import flat_params, load_config, render_docs, to_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollflow.api.config_loader import load_config
 from rollflow.api.errors import ConfigError
+from rollflow.configuration.loader import load_config
 
 
 @pytest.mark.parametrize("override", ["rollout.generation.top_p=0.9", "rollout.generation.top_k=20",

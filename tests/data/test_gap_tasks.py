@@ -11,8 +11,8 @@ import random
 import pytest
 
 from rollflow.api.config import DatasetConfig, SyntheticTaskConfig
-from rollflow.api.config_loader import load_config
 from rollflow.api.errors import ConfigError
+from rollflow.configuration.loader import load_config
 from rollflow.data import load_prompts
 from rollflow.data.synthetic import synthetic_rows, task_module
 from rollflow.data.tasks import add_gap, add_habit, shift_gap

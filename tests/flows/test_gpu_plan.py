@@ -45,7 +45,7 @@ def test_missing_image_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_offline_defaults_only_for_the_embedded_default() -> None:
-    from rollflow.api.config_loader import load_config
+    from rollflow.configuration.loader import load_config
 
     gpu = process_env_defaults(load_config(GPU))
     assert not set(HUB_OFFLINE_ENV) & set(gpu), "a hub model and dataset must not be forced offline"

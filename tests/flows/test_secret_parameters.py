@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rollflow.api.errors import ConfigError
-from rollflow.api.parameter_secrets import SecretParameterError, secret_overrides_aside
+from rollflow.configuration.parameter_secrets import SecretParameterError, secret_overrides_aside
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "s3cr3tvalue-do-not-store"
@@ -24,7 +24,7 @@ def test_secret_overrides_and_settings_are_refused_before_anything_runs(
     use_prefect_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from flows.async_rl import async_rl
-    from rollflow.api.config_loader import load_config
+    from rollflow.configuration.loader import load_config
 
     monkeypatch.chdir(ROOT)
     root = tmp_path / "storage"

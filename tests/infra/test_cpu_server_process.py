@@ -21,7 +21,7 @@ import pytest
 
 from infra.servers import ServerGroup, cpu_server_command, launch_local_servers, redact_command
 from rollflow.api.config import InferenceConfig
-from rollflow.api.redact import REDACTED
+from rollflow.configuration.redact import REDACTED
 
 KEY = "test-key-123"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollflow.api.config_loader import load_config
+from rollflow.configuration.loader import load_config
 from rollflow.models import read_marker
 from rollflow.models.bootstrap import bootstrap_for
 

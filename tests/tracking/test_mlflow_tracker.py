@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollflow.api.config_loader import load_config
+from rollflow.configuration.loader import load_config
 from rollflow.tracking.mlflow_tracker import MlflowTracker, download_latest_registered
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rollflow.api.config_loader import load_config
+from rollflow.configuration.loader import load_config
 from rollflow.tracking.mlflow_tracker import MlflowTracker
 
 SECRETS = ("AKIAURL7", "urlsecret1", "dspass99", "hdr-token-5", "sglang-key-3", "apikey-top-1")

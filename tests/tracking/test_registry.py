@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rollflow.api.config_loader import load_config
+from rollflow.configuration.loader import load_config
 from rollflow.tracking.mlflow_tracker import MlflowTracker, download_latest_registered
 from rollflow.tracking.registry import Incumbent, decide_registration
 

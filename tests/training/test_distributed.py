@@ -24,8 +24,8 @@ import yaml
 from helpers import write_groups
 from safetensors.torch import load_file
 
-from rollflow.api.config_loader import load_config
 from rollflow.api.metrics import InMemorySink
+from rollflow.configuration.loader import load_config
 from rollflow.training.trainer import Trainer, consumed_key
 from storage import keys
 from storage.fs import Storage

@@ -12,9 +12,9 @@ from helpers import write_groups
 from safetensors.torch import load_file
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.config_loader import load_config
 from rollflow.api.errors import TrainerError
 from rollflow.api.metrics import InMemorySink
+from rollflow.configuration.loader import load_config
 from rollflow.training.resume import list_resume_steps
 from rollflow.training.trainer import Trainer, consumed_key
 from storage import keys

@@ -1,11 +1,18 @@
-"""rollflow.api.redact and the config's secret-free views: by key, URL userinfo, Bearer, flag and value."""
+"""rollflow.configuration.redact and the config's secret-free views: by key, URL userinfo, Bearer, flag and value."""
 
 from __future__ import annotations
 
 import pytest
 
-from rollflow.api.config_loader import flat_params, load_config, to_yaml
-from rollflow.api.redact import find_secrets, is_secret_key, redact_args, redact_text, redact_tree, redact_url
+from rollflow.configuration.loader import flat_params, load_config, to_yaml
+from rollflow.configuration.redact import (
+    find_secrets,
+    is_secret_key,
+    redact_args,
+    redact_text,
+    redact_tree,
+    redact_url,
+)
 
 
 @pytest.mark.parametrize(

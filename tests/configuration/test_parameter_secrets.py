@@ -1,4 +1,4 @@
-"""`rollflow.api.parameter_secrets`: which parameters are credentials, and the CLI's side channel."""
+"""`rollflow.configuration.parameter_secrets`: which parameters are credentials, and the CLI's side channel."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from rollflow.api.errors import ConfigError
-from rollflow.api.parameter_secrets import (
+from rollflow.configuration.parameter_secrets import (
     SECRET_OVERRIDES_ENV,
     SecretParameterError,
     env_secret_overrides,

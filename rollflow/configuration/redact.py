@@ -1,7 +1,7 @@
 """Redaction of credentials in anything logged: by key name, by URL userinfo, by flag and by value.
 
 What it is: pure functions over plain values (str, Mapping, list), stdlib only, used wherever a config
-or parameters are written out (MLflow params and the logged YAML through ``config_loader``):
+or parameters are written out (MLflow params and the logged YAML through ``rollflow.configuration.loader``):
 
 * **by key**: a mapping entry whose key looks secret (``api_key``, ``secret``, ``token``, ``password``,
   ``authorization``, ``credential``, ``...key``) -> ``"***"``;

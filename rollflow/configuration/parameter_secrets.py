@@ -3,7 +3,7 @@
 What it is:
 - ``secret_parameter_paths(overrides, data)``: the dotted paths of the values in a flow's parameters
   (``overrides``, the typed ``settings`` tree) that are credentials, by the rules of
-  ``rollflow.api.redact`` (a secret-named key such as ``storage.options.secret`` or ``inference.api_key``,
+  ``rollflow.configuration.redact`` (a secret-named key such as ``storage.options.secret`` or ``inference.api_key``,
   URL userinfo ``s3://AKIA:pw@...``, ``Bearer ...``, a ``--api-key`` flag in an argument list). Prefect
   stores flow parameters in plain text in its database and shows them in the UI, so the flows refuse
   such parameters (``SecretParameterError``) before anything runs.
@@ -30,9 +30,9 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from rollflow.api.config_loader import parse_override
 from rollflow.api.errors import ConfigError
-from rollflow.api.redact import find_secrets, is_secret_key
+from rollflow.configuration.loader import parse_override
+from rollflow.configuration.redact import find_secrets, is_secret_key
 
 SECRET_OVERRIDES_ENV = "ROLLFLOW_SECRET_OVERRIDES"
 
