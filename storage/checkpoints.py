@@ -426,9 +426,7 @@ class CheckpointStore:
         """
         v, malformed = self._parse_latest_key()
         problems = [malformed] if malformed else []
-        tried: set[int] = set()
         if v is not None:
-            tried.add(v)
             try:
                 return self._resolved(self.get(v), problems)
             except CheckpointNotFoundError:
@@ -436,8 +434,8 @@ class CheckpointStore:
             except CheckpointIntegrityError as e:
                 problems.append(f"v{v:06d} (LATEST): {e}")
         for c in reversed(self.list_committed()):
-            if c in tried:
-                continue
+            if c == v:
+                continue  # LATEST's own version: tried above
             try:
                 return self._resolved(self.get(c), problems)
             except CheckpointNotFoundError:  # collected between the LIST and the read

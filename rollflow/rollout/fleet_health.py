@@ -79,10 +79,10 @@ class FleetHealth:
         self._unreachable: dict[str, float] = {}  # address -> monotonic time it was first unreachable
         self._dropped: dict[str, str] = {}  # address -> why (its supervisor gave up on it)
         self._acked_at: dict[str, float] = {}  # address -> monotonic time of its last serving ack
-        self._lock = threading.RLock()  # the watcher's thread and a supervisor's (drop / resync)
         self._acked: dict[str, int] = {}  # address -> the version of its last serving ack
         self._next_health_check = 0.0
         self._fatal_reported = False
+        self._lock = threading.RLock()  # the watcher's thread and a supervisor's (drop / resync)
 
     # --- who is there ----------------------------------------------------------------------------------
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from typing import Any
 
 from prefect import flow
 from prefect.runtime import flow_run
 
-from tasks.runtime import CORE_LOGGERS, core_logs_to_this_run
+from tasks.runtime import CORE_LOGGERS, _RunLogHandler, core_logs_to_this_run
 
 LOG = logging.getLogger("rollflow.test_core_logs")
 
@@ -49,9 +48,9 @@ def _messages(flow_run_id: str) -> list[str]:
     return [log.message for log in logs]
 
 
-def _forwarders() -> dict[str, list[Any]]:
+def _forwarders() -> dict[str, list[logging.Handler]]:
     return {
-        name: [h for h in logging.getLogger(name).handlers if type(h).__name__ == "_RunLogHandler"]
+        name: [h for h in logging.getLogger(name).handlers if isinstance(h, _RunLogHandler)]
         for name in CORE_LOGGERS
     }
 

@@ -85,16 +85,17 @@ def test_sigkill_of_the_flow_process_leaves_no_orphan(tmp_path: Path) -> None:
     try:
         # LATEST can name the initial weights before the rollout loop has started its reward workers:
         # wait until every kind of child is there.
+        api_app = "prefect.server.api.server:create_app"
+        kinds = (api_app, "cpu_server", "rollflow.rewards.worker")
         deadline = time.monotonic() + 300
         while True:
             children = _tagged(tag)
             children.pop(proc.pid, None)
-            kinds = ("prefect.server.api.server:create_app", "cpu_server", "rollflow.rewards.worker")
             if all(any(k in c for c in children.values()) for k in kinds):
                 break
             assert proc.poll() is None and time.monotonic() < deadline, children
             time.sleep(1)
-        api = [c for c in children.values() if "prefect.server.api.server:create_app" in c]
+        api = [c for c in children.values() if api_app in c]
         assert len(api) == 1, children  # the private API server, and no Prefect temporary server beside it
         proc.kill()
         proc.wait()
