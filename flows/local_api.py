@@ -6,6 +6,9 @@ with a parent-death signal, point this process at it, and stop it on exit. Prefe
 temporary server is a plain child process: after a SIGKILL of the flow process it runs on, holding
 ~230 MB, indefinitely. This one receives SIGTERM from the kernel when its parent dies, however it dies.
 With ``PREFECT_API_URL`` set it does nothing.
+On the way out it first drains Prefect's log and event queues into the server, then stops it: a queue left
+for Prefect's exit hook would retry against a stopped server for about 80 s after the run had ended
+(the process lingered at 0 % CPU, then printed "Error logging to API").
 What it is not: a server for the UI or for workers (use ``prefect server start`` for those).
 """
 
@@ -72,6 +75,19 @@ def local_prefect_api(startup_timeout_s: float = 300.0) -> Iterator[str | None]:
         refresh_global_settings_context()
         yield url
     finally:
+        _drain_prefect_queues(timeout_s=10.0)
         os.environ.pop("PREFECT_API_URL", None)
         refresh_global_settings_context()
         group.stop()
+
+
+def _drain_prefect_queues(timeout_s: float) -> None:
+    """Send what Prefect's log and event workers still hold while the API answers, and stop them."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        try:
+            service.drain_all(timeout=timeout_s)
+        except Exception as e:  # noqa: BLE001 (best effort: a failed flush must not hide the run's outcome)
+            print(f"rollflow: could not flush Prefect's {service.__name__}: {e}", file=sys.stderr)
