@@ -72,18 +72,34 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
 
     A loop that was interrupted (cancel, SIGTERM, a failure elsewhere) ends its task run Cancelled;
     a failure is re-raised before a cancellation so the cause is what the flow run reports."""
+    from rollflow.timing.clock import Timeline
+    from rollflow.timing.report import TimingReporter, bounds
+
     sink = tracker.sink if tracker else None
     model_path = bootstrap_model(cfg)
     servers = start_servers(cfg, model_path)
     stop = threading.Event()
     futures: list[Any] = []
+    timeline = Timeline()  # where the time goes: every role's states, cores and servers (rollflow.timing)
+    reporter = TimingReporter(
+        timeline, sink, addresses=servers.addresses, api_key=cfg.inference.api_key, pids=_process_ids(servers)
+    )
+    timing: dict[str, Any] = {}
     try:
         before = evaluate_policy(cfg, servers.addresses, label="before", min_version=0, metrics=sink)
-        train_f = train_loop.submit(cfg, metrics=sink, stop_event=stop, pause_addresses=servers.addresses)
-        rollout_f = rollout_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop, fleet=servers)
-        evals_f = eval_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop)
+        reporter.start()
+        train_f = train_loop.submit(
+            cfg, metrics=sink, stop_event=stop, pause_addresses=servers.addresses, timeline=timeline
+        )
+        rollout_f = rollout_loop.submit(
+            cfg, servers.addresses, metrics=sink, stop_event=stop, fleet=servers, timeline=timeline
+        )
+        evals_f = eval_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop, timeline=timeline)
         done = join_loops({"train-loop": train_f, "rollout-loop": rollout_f, "eval-loop": evals_f}, stop)
         train, rollout = done["train-loop"], done["rollout-loop"]
+        figures = reporter.stop()
+        timing = {"figures": figures, "bounds": bounds(figures), "doc": timeline.document()}
+        logger.info("where the time went: %s", timing["bounds"])
         after = evaluate_policy(
             cfg, servers.addresses, label="after", min_version=int(train["final_version"]), metrics=sink
         )
@@ -91,8 +107,21 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
         stop.set()
         for f in futures:  # let the loops record their final state before the process goes
             f.wait(timeout=cfg.orchestration.stop_timeout_s)
+        reporter.stop()
         stop_servers(servers)
-    return {"before": before, "after": after, "train": train, "rollout": rollout}
+    return {"before": before, "after": after, "train": train, "rollout": rollout, "timing": timing}
+
+
+def _process_ids(servers: Any) -> dict[str, int]:
+    """``{"flow": this pid, "server{j}": each launched server's pid}`` (external servers have none)."""
+    import os
+
+    pids = {"flow": os.getpid()}
+    for j, server in enumerate(getattr(servers, "servers", []) or []):
+        process = getattr(server, "process", None)
+        if process is not None and getattr(process, "pid", None):
+            pids[f"server{j}"] = int(process.pid)
+    return pids
 
 
 @flow(
@@ -182,6 +211,7 @@ def async_rl(
                 "mlflow_run_url": tracker.run_url if tracker else "-",
                 "source_model_version": source_version,
                 "wall_s": time.monotonic() - t0,
+                "time_bounds": parts.get("timing", {}).get("bounds"),
             }
             if tracker:
                 summary.update(_finish_tracking(cfg, tracker, parts, summary))
@@ -232,6 +262,8 @@ def _finish_tracking(
     tracker.log_table(samples, "trajectories/samples.json")
     table_artifact(samples[:20], key="sample-trajectories", description="Decoded sample trajectories")
     tracker.log_curves_png()
+    if parts.get("timing", {}).get("doc"):
+        tracker.log_timeline(parts["timing"]["doc"])
     if not cfg.tracking.register_model:
         tracker.set_tags({"rollflow.registry.decision": "disabled"})
         return {"registered_model": None, "registry_decision": "disabled"}
@@ -299,6 +331,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     print(f"eval_accuracy_before {summary['eval_accuracy_before']:.3f}")
     print(f"eval_accuracy_after {summary['eval_accuracy_after']:.3f}")
     print(f"final_version {summary['final_version']}  wall_s {summary['wall_s']:.0f}")
+    if summary.get("time_bounds"):
+        print(f"time: {summary['time_bounds']}")
     print(f"registered: {summary.get('registered_model') or '-'} ({summary.get('registry_decision')})")
     print(f"storage: {summary['storage_uri']}")
     print(f"MLflow:  {summary['mlflow_run_url']}")

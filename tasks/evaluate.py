@@ -74,9 +74,13 @@ def eval_loop(
     *,
     metrics: MetricsSink | None = None,
     stop_event: threading.Event,
+    timeline: Any = None,
 ) -> list[dict[str, Any]]:
     """Evaluate every ``eval.every_n_versions`` served versions until ``stop_event`` is set."""
+    from rollflow.timing.clock import Timeline
+
     every = cfg.eval.every_n_versions
+    clock = (timeline if timeline is not None else Timeline()).role("eval", initial="idle")
     done: list[dict[str, Any]] = []
     if every <= 0:
         return done
@@ -89,7 +93,8 @@ def eval_loop(
         if served < next_version or served >= cfg.train.steps:
             continue  # the final version is scored by the flow after training
         try:
-            result = run_eval(cfg, addresses)
+            with clock.during("evaluating"):
+                result = run_eval(cfg, addresses)
         except InferenceError as e:  # a server died mid-evaluation: score this version again
             get_run_logger().warning("eval at v%d interrupted (%s); retrying", served, e)
             continue

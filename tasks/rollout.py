@@ -59,10 +59,12 @@ def rollout_loop(
     stop_event: threading.Event | None = None,
     writer_name: str | None = None,
     fleet: Any = None,
+    timeline: Any = None,
 ) -> dict[str, Any]:
     from rollflow.rollout.client import SGLangClient
     from rollflow.rollout.loop import rollout_worker_id, run_rollout_loop
     from rollflow.rollout.watcher import CheckpointWatcher
+    from rollflow.timing.clock import Timeline
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
 
@@ -72,6 +74,8 @@ def rollout_loop(
     sink = PrefixSink(metrics, "rollout/")
     client = SGLangClient.from_config(cfg.inference, addresses, metrics=sink)
     fatal: list[str] = []
+    own_timeline = timeline is None  # a deployment run (distributed mode): this process's own accounting
+    timeline = timeline if timeline is not None else Timeline()
 
     def on_fatal(message: str) -> None:
         fatal.append(message)
@@ -86,6 +90,7 @@ def rollout_loop(
         metrics=sink,
         ack_ttl_s=cfg.storage.ack_ttl_s,
         on_fatal=on_fatal,
+        clock=timeline.role("weights", initial="waiting"),
     )
     link = FleetLink(client, watcher)
     supervisor = getattr(fleet, "supervisor", None)
@@ -104,6 +109,7 @@ def rollout_loop(
                 stop_event=stop_event,
                 metrics=sink,
                 writer_name=name,
+                timeline=timeline,
             )
         finally:
             await client.aclose()
@@ -125,6 +131,8 @@ def rollout_loop(
         watcher.stop()
         if supervisor is not None:
             supervisor.remove_listener(link)
+    if own_timeline and metrics is not None:
+        metrics.log(timeline.metrics(), step=timeline.version)
     if fatal:
         raise ServerLostError(f"rollout stopped: {fatal[0]}")
     logger.info("rollout finished: %s", summary)

@@ -127,7 +127,9 @@ class Engine:
             "decode_steps": 0, "decode_seqs_total": 0, "max_decode_batch": 0, "last_decode_batch": 0,
             "prefill_steps": 0, "prefill_seqs_total": 0, "max_prefill_batch": 0, "generated_tokens": 0,
             "finished_requests": 0, "aborted_requests": 0, "weight_updates": 0, "last_swap_s": 0.0,
+            "busy_s": 0.0,  # wall time in forward passes and sampling (the engine thread's work)
         }  # fmt: skip
+        self._started_at = time.monotonic()
         self._snapshot: dict[str, Any] = {}
         self._publish_snapshot()
 
@@ -248,6 +250,7 @@ class Engine:
                     return
                 self._maybe_apply_pending()
                 if self._can_step():
+                    t_step = time.perf_counter()
                     try:
                         self._step()
                     except Exception as e:
@@ -256,6 +259,7 @@ class Engine:
                             lambda s: s in self._running, message=f"engine error: {e}", status=500
                         )
                         self.cache.reset()
+                    self._stats["busy_s"] += time.perf_counter() - t_step
                 self._publish_snapshot()
 
     def _gather_burst(self) -> list[Sequence]:
@@ -483,6 +487,7 @@ class Engine:
         self._snapshot = {
             **st,
             "avg_decode_batch": st["decode_seqs_total"] / st["decode_steps"] if st["decode_steps"] else 0.0,
+            "uptime_s": time.monotonic() - self._started_at,
             "num_running_reqs": len(self._running),
             "num_waiting_reqs": len(self._waiting),
             "running_output_tokens": sum(len(s.output_ids) for s in self._running),

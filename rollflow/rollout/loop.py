@@ -55,6 +55,7 @@ from rollflow.rollout.filters import build_should_accept
 from rollflow.rollout.prompt_source import ClaimedPrompts
 from rollflow.rollout.staleness import StalenessListener, StalenessManager
 from rollflow.rollout.supply import bounded_supply_warning
+from rollflow.timing.clock import Timeline
 from storage import keys
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
@@ -196,12 +197,16 @@ async def run_rollout_loop(
     poll_interval_s: float = 0.2,
     done_poll_s: float = 2.0,
     metrics_interval_s: float = 5.0,
+    timeline: Timeline | None = None,
 ) -> RolloutSummary:
     """Run until done/stop/limit/epochs (see the module docstring). ``workflow``/``prompts`` override
     the ones built from ``cfg`` (tests, notebooks); ``listeners`` see every StalenessManager event.
+    ``timeline`` gets the ``rollout`` role's states, classified on every tick (``rollout_state``).
     Raises ``RolloutFailureError`` or ``DatasetRowError``.
     """
     t0 = time.monotonic()
+    clock = (timeline or Timeline()).role("rollout", initial="idle")
+    weights = timeline.roles().get("weights") if timeline is not None else None
     metrics = metrics or NullSink()
     version_fn = version_fn or client.get_version
     split = cfg.dataset.train_split
@@ -354,6 +359,9 @@ async def run_rollout_loop(
             while stopped_by is None:
                 await asyncio.sleep(poll_interval_s)
                 executor.raise_if_failed()
+                loading = weights is not None and weights.state == "loading"
+                room = staleness.staleness_room(int(version_fn()))
+                clock.enter(rollout_state(executor.n_running, room, loading=loading))
                 now = time.monotonic()
                 if stop_event is not None and stop_event.is_set():
                     stopped_by = "stop_event"
@@ -376,6 +384,7 @@ async def run_rollout_loop(
                     _log_metrics(metrics, executor, staleness, workflow, version_fn())
         executor.raise_if_failed()
     finally:
+        clock.enter("idle")
         await asyncio.to_thread(writer.close)
         await asyncio.to_thread(storage.put_json, state_key, state_doc(executor))
         if owns_workflow:
@@ -403,6 +412,17 @@ async def run_rollout_loop(
     )
     logger.info("rollout %s stopped (%s): %s", writer_name, summary.stopped_by, summary)
     return summary
+
+
+def rollout_state(n_running: int, staleness_room: int, *, loading: bool) -> str:
+    """The rollout's state on one tick (``rollflow.timing.clock``): ``paused`` while a weight load has the
+    servers paused; else ``capacity_wait`` while the staleness bound holds new episodes back (some may still
+    run); else ``generating`` with episodes in flight; else ``idle``."""
+    if loading:
+        return "paused"
+    if staleness_room <= 0:
+        return "capacity_wait"
+    return "generating" if n_running > 0 else "idle"
 
 
 def _own_groups(view: LedgerView, name: str) -> int:

@@ -160,6 +160,12 @@ class StalenessManager:
     def _live_locked(self) -> int:
         return self._global_accepted - self._global_credited + self._local_unseen_locked()
 
+    def staleness_room(self, version: int | None = None) -> int:
+        """Episodes the staleness bound alone would let start now (<= 0: the bound holds them back)."""
+        v = self.current_version(version)
+        with self._lock:
+            return self.max_samples(v) - (self._live_locked() + self._stat.running)
+
     def _capacity_locked(self, v: int) -> int:
         s = self._stat
         concurrency_room = self.max_concurrent - s.running

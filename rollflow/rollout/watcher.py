@@ -66,7 +66,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +86,7 @@ from rollflow.rollout.sglang_protocol import (
     PauseMode,
     UpdateWeightFromDiskReqInput,
 )
+from rollflow.timing.clock import RoleClock
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +147,7 @@ class CheckpointWatcher:
         health_interval_s: float | None = None,
         dead_server_timeout_s: float = 60.0,
         on_fatal: Callable[[str], None] | None = None,
+        clock: RoleClock | None = None,
     ) -> None:
         if not servers:
             raise ValueError("CheckpointWatcher needs at least one server address")
@@ -175,6 +177,7 @@ class CheckpointWatcher:
             ack_ttl_s=ack_ttl_s,
             on_fatal=on_fatal,
         )
+        self.clock = clock  # the ``weights`` role: ``loading`` while a version goes into the servers
         self.events: list[WatcherEvent] = []
         self._latest_problem: str | None = None  # last malformed-LATEST problem reported as an event
         self.serving_version: int | None = None  # the version every live, reachable server serves
@@ -196,6 +199,7 @@ class CheckpointWatcher:
         metrics: MetricsSink | None = None,
         ack_ttl_s: float | None = None,
         on_fatal: Callable[[str], None] | None = None,
+        clock: RoleClock | None = None,
     ) -> CheckpointWatcher:
         """``poll_interval_s``, ``local_poll_interval_s``, ``update_pause_mode``, ``api_key``,
         ``weight_update_timeout_s`` and ``dead_server_timeout_s`` from the ``inference`` section;
@@ -214,6 +218,7 @@ class CheckpointWatcher:
             ack_ttl_s=ack_ttl_s,
             dead_server_timeout_s=cfg.dead_server_timeout_s,
             on_fatal=on_fatal,
+            clock=clock,
         )
 
     @property
@@ -256,22 +261,24 @@ class CheckpointWatcher:
         targets = self.fleet.needing(v)
         t0 = time.perf_counter()
         try:
-            self.fleet.ack_loading(v, targets)  # before reading any file: GC keeps what is being loaded
-            if self.in_place:
-                local = self.store.verified_dir(v, self.cache_dir)
-            else:
-                local = self.store.fetch(v, self.cache_dir)
+            with self._state("fetching"):
+                self.fleet.ack_loading(v, targets)  # before reading any file: GC keeps what is being loaded
+                if self.in_place:
+                    local = self.store.verified_dir(v, self.cache_dir)
+                else:
+                    local = self.store.fetch(v, self.cache_dir)
         except Exception as e:  # CheckpointIntegrityError / CheckpointNotFoundError / storage errors
             self.fleet.retract(v, targets)
             self._fail(v, attempts, f"fetch failed: {type(e).__name__}: {e}")
             return None
         fetch_s = time.perf_counter() - t0
 
-        if len(targets) <= 1:
-            results = [self._update_server(a, local, v) for a in targets]
-        else:
-            with ThreadPoolExecutor(max_workers=len(targets)) as pool:
-                results = list(pool.map(lambda a: self._update_server(a, local, v), targets))
+        with self._state("loading"):  # the servers pause, load and continue
+            if len(targets) <= 1:
+                results = [self._update_server(a, local, v) for a in targets]
+            else:
+                with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+                    results = list(pool.map(lambda a: self._update_server(a, local, v), targets))
         failed = []
         for addr, (status, _, msg) in zip(targets, results, strict=True):
             if status == "ok":
@@ -315,6 +322,15 @@ class CheckpointWatcher:
             except Exception:
                 logger.exception("on_update(%d) raised", v)
         return v
+
+    @contextlib.contextmanager
+    def _state(self, state: str) -> Iterator[None]:
+        """The ``weights`` role in ``state`` for the body (no-op without a clock)."""
+        if self.clock is None:
+            yield
+            return
+        with self.clock.during(state):
+            yield
 
     def _update_server(self, addr: str, local: Path, v: int) -> tuple[str, float, str]:
         """Pause -> update -> continue one server; ``(status, pause_s, error)``, status "ok", "unreachable"

@@ -254,6 +254,17 @@ class MlflowTracker:
             path.write_bytes(buf.getvalue())
             self.client.log_artifact(self.run_id, str(path), str(Path(artifact_file).parent))
 
+    def log_timeline(self, doc: dict[str, Any], artifact_dir: str = "timing") -> None:
+        """The run's time accounting (``rollflow.timing``): ``timeline.json`` and its picture ``timeline.png``."""
+        if self.run_id is None:
+            return
+        from rollflow.timing.plot import plot_timeline
+
+        self.log_dict(doc, f"{artifact_dir}/timeline.json")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = plot_timeline(doc, Path(tmp) / "timeline.png")
+            self.client.log_artifact(self.run_id, str(path), artifact_dir)
+
     # -- model registry ----------------------------------------------------------------------
     @property
     def registry(self) -> Registry:

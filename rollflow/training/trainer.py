@@ -45,6 +45,7 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import TrainerError
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.stores import ObjectStore
+from rollflow.timing.clock import Timeline
 from rollflow.training import distributed as D
 from rollflow.training.actor import PolicyActor
 from rollflow.training.batching import TrainBatch, build_batch
@@ -118,8 +119,12 @@ class Trainer:
         stop_event: threading.Event | None = None,
         hooks: TrainerHooks | None = None,
         dist_ctx: D.DistContext | None = None,
+        timeline: Timeline | None = None,
     ) -> None:
         self.cfg = cfg
+        self.timeline = timeline
+        # the ``trainer`` role of the run's time accounting (rollflow.timing.clock): where each step goes
+        self.clock = (timeline or Timeline()).role("trainer", initial="other")
         self.storage = storage
         self.metrics = metrics or NullSink()
         self.stop_event = stop_event or threading.Event()
@@ -297,6 +302,12 @@ class Trainer:
 
     # --- the loop -----------------------------------------------------------------------------------------
 
+    def clock_metrics(self) -> dict[str, float]:
+        """``time/trainer/{state}_frac`` and ``time/trainer/wall_s`` so far (see ``rollflow.timing.clock``)."""
+        out = {f"time/trainer/{s}_frac": f for s, f in self.clock.fractions().items()}
+        out["time/trainer/wall_s"] = self.clock.wall_s()
+        return out
+
     def run(self) -> TrainSummary:
         t_start = time.perf_counter()
         try:
@@ -331,6 +342,8 @@ class Trainer:
             )
         if self.version > int(plan["floor"]):  # version 0 on a fresh start, or a resumed version not yet out
             self._publish(wait=True)
+        if self.timeline is not None:
+            self.timeline.mark_version(self.version)
         summary = TrainSummary(
             final_version=self.version,
             steps_run=0,
@@ -432,13 +445,16 @@ class Trainer:
         ctx, cfg, tcfg = self.ctx, self.cfg, self.cfg.train
         assert ctx is not None
         t_take = time.perf_counter()
+        self.clock.enter("waiting_data")
         batch, info = self._take_batch()
+        self.clock.enter("other")
         take_s = time.perf_counter() - t_take  # reading + padding (+ waiting, if the rollout lags)
         if batch is None:
             return False
         if self.hooks is not None:
             self.hooks.before_step(self.version)
         t0 = time.perf_counter()
+        self.clock.enter("computing")
         plans = plan_step(
             [g.n_tokens for g in batch.groups],
             n_minibatches=tcfg.ppo_n_minibatches,
@@ -457,6 +473,9 @@ class Trainer:
         stats = self.actor.ppo_update(batch, plans)
         self.version += 1
         compute_s = time.perf_counter() - t0
+        self.clock.enter("publishing")
+        if self.timeline is not None:
+            self.timeline.mark_version(self.version)
         if ctx.is_main:
             self._step_cursor = self._pending_cursor
             self.storage.put_json(
@@ -474,6 +493,7 @@ class Trainer:
         if self.version % tcfg.resume_every == 0 or self.version == tcfg.steps:
             self._write_resume_point()
         step_s = take_s + time.perf_counter() - t0  # the hooks' time is not the trainer's
+        self.clock.enter("other")
         if ctx.is_main:
             metrics = {
                 **stats,

@@ -6,6 +6,7 @@ accuracy on held-out prompts rose, MLflow holds the run, and the Prefect artifac
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -54,6 +55,20 @@ def test_async_rl_learns_and_reports(
     assert run.data.params["train.steps"] == "30"
     for name in ("train/loss", "train/reward_mean", "eval/accuracy", "rollout/tokens_per_s"):
         assert client.get_metric_history(run.info.run_id, name), f"metric {name} was not logged"
+    # Where the time went: every role's states add up to its wall time, the cores were read, and the
+    # timeline (JSON + picture) is an artifact of the run.
+    time_metrics = run.data.metrics
+    for role, states in (("trainer", ("waiting_data", "computing", "publishing", "other")),
+                         ("rollout", ("generating", "capacity_wait", "paused", "idle"))):  # fmt: skip
+        assert sum(time_metrics[f"time/{role}/{s}_frac"] for s in states) == pytest.approx(1.0, abs=1e-6)
+    assert time_metrics["time/trainer/computing_frac"] > 0 and "time/cpu/busy_frac_min" in time_metrics
+    assert 0 < time_metrics["time/server0/busy_frac"] <= 1
+    assert "trainer computing" in summary["time_bounds"]
+    timeline = client.download_artifacts(run.info.run_id, "timing", str(tmp_path / "timing"))
+    doc = json.loads((Path(timeline) / "timeline.json").read_text())
+    assert {"trainer", "rollout", "weights", "eval"} <= doc["roles"].keys()
+    assert doc["versions"][-1][1] == 30 and doc["samples"]
+    assert (Path(timeline) / "timeline.png").read_bytes()[:4] == b"\x89PNG"
     versions = client.search_model_versions("name = 'tiny-arith-policy'")
     assert versions and versions[0].tags["policy_version"] == "30"
     assert versions[0].tags["prefect.flow_run_id"] == run.data.tags["prefect.flow_run_id"]

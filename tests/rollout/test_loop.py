@@ -422,3 +422,23 @@ def test_loop_on_the_real_server_survives_hanging_rewards_bad_rows_and_failing_e
     assert workflow.reward_runner.stats.timeouts == 4  # type: ignore[attr-defined]  # 2 prompts x 2 samples
     assert sink.last("reward_timeouts") == 4.0 and sink.last("episodes_failed") == 1.0
     assert storage.get_json(keys.rollout_state_key("rollout"))["failed"] == 1
+
+
+def test_rollout_state_precedence() -> None:
+    from rollflow.rollout.loop import rollout_state
+
+    assert rollout_state(8, 0, loading=True) == "paused"  # a weight load has the servers paused
+    assert rollout_state(8, 0, loading=False) == "capacity_wait"  # the bound holds new episodes back
+    assert rollout_state(8, 5, loading=False) == "generating"
+    assert rollout_state(0, 5, loading=False) == "idle"
+
+
+def test_staleness_room_is_the_bound_without_the_concurrency_cap() -> None:
+    from rollflow.rollout.staleness import StalenessManager
+
+    m = StalenessManager(max_concurrent=2, max_staleness=0, consumer_batch_size=4)
+    assert m.staleness_room(0) == 4 and m.get_capacity(0) == 2
+    for _ in range(2):
+        m.on_rollout_submitted()
+    assert m.staleness_room(0) == 2 and m.get_capacity(0) == 0  # concurrency, not the bound, holds them
+    assert m.staleness_room(1) == 6
