@@ -18,7 +18,11 @@ Printed keys: ``trl_completions_per_s``, ``rollflow_completions_per_s``, ``compl
 ``trl_acc_at_{S}s``, ``rollflow_acc_at_{S}s`` (medians over seeds; S = ``--seconds``, 600 by default),
 ``time_to_trl_final_ratio`` (median seconds rollflow needs to reach TRL's median final accuracy, / S),
 ``rollflow_time_to_0.8`` (median, or ``none``), ``async_vs_sync_step_ratio`` (sync s/step / async
-s/step) and ``sync_step_vs_gen_plus_train`` (the synchronous step against its generation + training).
+s/step) and ``sync_step_vs_gen_plus_train`` (the synchronous step against its generation + training);
+for rollflow and its synchronous baseline, where the time went (``rollflow.timing``, medians with
+``_spread``): ``{system}_core_busy_min`` (the least busy core's share of the race), ``{system}_trainer_waiting_data_frac``,
+``{system}_rollout_capacity_wait_frac``, ``{system}_rollout_paused_frac``, ``{system}_server_busy_frac``,
+and a ``# {system} time:`` line saying which role waits for which (the median-steps seed's).
 
 Run it::
 
@@ -213,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(runs, args.seconds)
     for k, v in summary.items():
         print(f"{k} {v}")
+    for line in timing_lines(runs):
+        print(line)
     doc = {
         "config": args.config,
         "overrides": args.overrides,
@@ -279,7 +285,44 @@ def summarize(runs: list[dict[str, Any]], seconds: float) -> dict[str, str]:
             train = sum(r["compute_s"]) + sum(r["checkpoint_s"])
             parts.append((r["train_seconds"] / n) / ((busy + train) / n))
         out["sync_step_vs_gen_plus_train"] = _fmt(median(parts))
+    for system in ("rollflow", "rollflow-sync"):
+        out.update(timing_keys(system, by.get(system, [])))
     return out
+
+
+TIMING_KEYS = {
+    "core_busy_min": "time/cpu/busy_frac_min",
+    "trainer_waiting_data_frac": "time/trainer/waiting_data_frac",
+    "rollout_capacity_wait_frac": "time/rollout/capacity_wait_frac",
+    "rollout_paused_frac": "time/rollout/paused_frac",
+    "server_busy_frac": "time/server0/busy_frac",
+}
+
+
+def timing_keys(system: str, rs: list[dict[str, Any]]) -> dict[str, str]:
+    """Where ``system``'s time went over its seeds (runs without a ``timing`` record are skipped)."""
+    out: dict[str, str] = {}
+    timed = [r for r in rs if r.get("timing")]
+    for key, metric in TIMING_KEYS.items():
+        values = [float(r["timing"][metric]) for r in timed if metric in r["timing"]]
+        if values:
+            out[f"{system}_{key}"] = _fmt(median(values))
+            out[f"{system}_{key}_spread"] = spread(values)
+    return out
+
+
+def timing_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """``# {system} time: ...`` for the seed with the median number of steps of each timed system."""
+    lines = []
+    for system in ("rollflow", "rollflow-sync"):
+        rs = sorted(
+            (r for r in runs if r["system"] == system and r.get("time_bounds")), key=lambda r: r["steps"]
+        )
+        if rs:
+            lines.append(
+                f"# {system} time (seed {rs[len(rs) // 2]['seed']}): {rs[len(rs) // 2]['time_bounds']}"
+            )
+    return lines
 
 
 def plot(runs: list[dict[str, Any]], path: Path, *, title: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -129,14 +130,16 @@ def _config(spec: dict[str, Any]) -> ExperimentConfig:
     return load_config(spec["config"], overrides)
 
 
-def _rollout(cfg: ExperimentConfig, storage: Any, client: Any, stop: threading.Event, sink: Any) -> Any:
+def _rollout(
+    cfg: ExperimentConfig, storage: Any, client: Any, stop: threading.Event, sink: Any, timeline: Any = None
+) -> Any:
     from rollflow.rollout.loop import run_rollout_loop
 
     async def go() -> Any:
         try:
             return await run_rollout_loop(
                 cfg, storage, client, version_fn=client.get_version, stop_event=stop,
-                metrics=sink, writer_name="peer", metrics_interval_s=1.0,
+                metrics=sink, writer_name="peer", metrics_interval_s=1.0, timeline=timeline,
             )  # fmt: skip
         finally:
             await client.aclose()
@@ -182,6 +185,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from infra.servers import launch_local_servers
     from rollflow.rollout.client import SGLangClient
     from rollflow.rollout.watcher import CheckpointWatcher
+    from rollflow.timing.clock import Timeline
+    from rollflow.timing.report import TimingReporter, bounds
     from rollflow.training.trainer import Trainer
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
@@ -196,10 +201,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     clock = Clock()
     hooks = SnapshotHooks(clock, every, seconds, stop)
     servers = launch_local_servers(cfg.inference, cfg.model.path, log_dir=out / "server-logs")
+    timeline = Timeline()  # where the time goes (rollflow.timing): the same accounting as the flow's
+    reporters: list[TimingReporter] = []
     try:
         if spec.get("sync"):
             hooks.control = ServerControl(servers.addresses, api_key=cfg.inference.api_key)
-        trainer = Trainer(cfg, storage, metrics=_Prefixed(sink, "train/"), stop_event=stop, hooks=hooks)
+        trainer = Trainer(
+            cfg, storage, metrics=_Prefixed(sink, "train/"), stop_event=stop, hooks=hooks, timeline=timeline
+        )
         hooks.trainer = trainer
         rollout_sink = _Prefixed(sink, "rollout/")
         client = SGLangClient.from_config(cfg.inference, servers.addresses, metrics=rollout_sink)
@@ -210,6 +219,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             cache_dir=Path(cfg.storage.local_cache),
             on_update=client.set_version,
             metrics=rollout_sink,
+            clock=timeline.role("weights", initial="waiting"),
         )
         results: dict[str, Any] = {}
 
@@ -223,7 +233,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
         def rollout() -> None:
             try:
-                results["rollout"] = _rollout(cfg, storage, client, stop, rollout_sink)
+                results["rollout"] = _rollout(cfg, storage, client, stop, rollout_sink, timeline)
             except BaseException as e:
                 results["rollout_error"] = e
             finally:
@@ -236,6 +246,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         def setup_then_start_clock() -> None:
             setup()
             clock.start()
+            pids = {"servers": servers.servers[0].process.pid} if servers.servers else {}
+            reporters.append(
+                TimingReporter(
+                    timeline, addresses=servers.addresses, pids={"flow": os.getpid(), **pids}
+                ).start()
+            )
 
         trainer._setup = setup_then_start_clock  # type: ignore[method-assign]
         child = None
@@ -266,6 +282,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             t.join(timeout=300)
         watcher.stop()
     finally:
+        timing = reporters[0].stop() if reporters else {}  # before the servers go: their last counters
         servers.stop()
     for key in ("train_error", "rollout_error"):
         if key in results:
@@ -300,7 +317,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "rollout_rejected_filtered": sink.last("rollout/rejected_filtered") or 0.0,
         "rollout_accepted": sink.last("rollout/groups_accepted") or 0.0,
         "snapshots": snaps,
+        "timing": timing,  # time/... figures over the race (rollflow.timing.report)
+        "time_bounds": bounds(timing) if timing else None,
     }
+    (out / "timeline.json").write_text(json.dumps(timeline.document()))
     (out / "curve.json").write_text(json.dumps(curve))
     return curve
 

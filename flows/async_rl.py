@@ -72,12 +72,14 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
 
     A loop that was interrupted (cancel, SIGTERM, a failure elsewhere) ends its task run Cancelled;
     a failure is re-raised before a cancellation so the cause is what the flow run reports."""
+    from rollflow.configuration.layout import describe_layout
     from rollflow.timing.clock import Timeline
     from rollflow.timing.report import TimingReporter, bounds
 
     sink = tracker.sink if tracker else None
     model_path = bootstrap_model(cfg)
     servers = start_servers(cfg, model_path)
+    logger.info("layout: %s", describe_layout(cfg))
     stop = threading.Event()
     futures: list[Any] = []
     timeline = Timeline()  # where the time goes: every role's states, cores and servers (rollflow.timing)

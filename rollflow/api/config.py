@@ -442,7 +442,13 @@ class InferenceConfig:
             "external: servers already running at `addresses`."
         ),
     )
-    n_servers: int = field(default=1, metadata=_help("Servers to launch (local, sglang)."))
+    n_servers: int | Literal["auto"] = field(
+        default=1,
+        metadata=_help(
+            "Servers to launch (local, sglang). auto (backend local): one server, sized by server_threads "
+            "(rollflow.configuration.layout)."
+        ),
+    )
     addresses: list[str] = field(
         default_factory=list, metadata=_help("host:port of each server for backend=external.")
     )
@@ -461,7 +467,13 @@ class InferenceConfig:
     max_batch_size: int = field(
         default=64, metadata=_help("CPU server: max sequences decoded together (continuous batching).")
     )
-    server_threads: int = field(default=1, metadata=_help("CPU server: torch threads per server."))
+    server_threads: int | Literal["auto"] = field(
+        default=1,
+        metadata=_help(
+            "CPU server: torch threads per server. auto: the cores the trainer (train.threads) leaves, split "
+            "over the servers, resolved on the machine that loads the config."
+        ),
+    )
     request_timeout_s: float = field(default=120.0, metadata=_help("Timeout of one /generate call."))
     connect_timeout_s: float = field(default=5.0, metadata=_help("TCP connect timeout."))
     max_retries: int = field(default=3, metadata=_help("Retries per request before failing over."))
@@ -533,7 +545,12 @@ class InferenceConfig:
     sglang: SGLangConfig = field(default_factory=SGLangConfig, metadata=_help("SGLang launcher."))
 
     def __post_init__(self) -> None:
-        _check(self.n_servers >= 1, "inference.n_servers", "must be >= 1")
+        _check(self.n_servers == "auto" or self.n_servers >= 1, "inference.n_servers", "must be >= 1 or auto")
+        _check(
+            self.server_threads == "auto" or self.server_threads >= 1,
+            "inference.server_threads",
+            "must be >= 1 or auto",
+        )
         if self.backend == "external":
             _check(
                 len(self.addresses) > 0,

@@ -23,6 +23,7 @@ import yaml
 
 from rollflow.api.config import INFERENCE_API_KEY_ENV, ExperimentConfig, is_loopback_host
 from rollflow.api.errors import ConfigError
+from rollflow.configuration.layout import resolve_layout
 from rollflow.configuration.redact import REDACTED, find_secrets, redact_tree
 
 T = TypeVar("T")
@@ -205,7 +206,7 @@ def load_config(
         _set_path(tree, keys, value)
     cfg = _build(ExperimentConfig, tree)
     check_environment(cfg)
-    return cfg
+    return resolve_layout(cfg)  # n_servers / server_threads: auto, on this machine
 
 
 def check_environment(cfg: ExperimentConfig, environ: Mapping[str, str] | None = None) -> None:

@@ -45,8 +45,13 @@ def test_peer_harness_runs_both_systems_and_writes_curves(tmp_path: Path) -> Non
         "time_to_trl_final_ratio",
         "rollflow_time_to_0.8",
         "async_vs_sync_step_ratio",
+        "rollflow_core_busy_min",  # where the time went (rollflow.timing), for both rollflow systems
+        "rollflow_trainer_waiting_data_frac",
+        "rollflow-sync_rollout_capacity_wait_frac",
     ):
         assert key in lines, f"{key} missing from:\n{proc.stdout}"
+    assert 0.0 <= float(lines["rollflow_core_busy_min"]) <= 1.0
+    assert "# rollflow time (seed 1): trainer computing" in proc.stdout
     doc = json.loads((tmp_path / "peer_tiny_cpu.json").read_text())
     assert (tmp_path / "peer_tiny_cpu.png").stat().st_size > 1000
     systems = {r["system"]: r for r in doc["runs"]}

@@ -1,0 +1,74 @@
+"""``inference.n_servers: auto`` and ``inference.server_threads: auto``: size generation to the trainer.
+
+What it is: ``resolve_layout(cfg, cores=None)`` returns ``cfg`` with both fields as numbers, resolved on the
+machine that loads the config (``load_config`` calls it, so in distributed mode each worker resolves its
+own). The rule, for the CPU server (``inference.backend: local``) with ``C`` usable cores
+(``sched_getaffinity``) and a trainer of ``T = train.threads`` torch threads beside it:
+
+    generation cores   G = max(1, C - T)                 the trainer keeps its cores; generation gets the rest
+    n_servers: auto    1                                  one server batches every group into one decode batch
+    server_threads     max(1, G // n_servers)             (auto) the generation cores split over the servers
+
+One server rather than several is measured, not assumed: on the held-back task on 2 cores, two 1-thread
+servers made 1,151 trainer steps in 600 s against 2,456 with one (issue 24). Continuous batching is what
+makes a CPU server fast; two servers halve each one's batch and double the per-step overhead.
+With ``rollout.pause_during_training`` (the synchronous baseline) nothing runs beside generation, so
+``G = C``. For ``sglang`` and ``external`` servers ``auto`` is refused: their size is GPUs, which
+``rollflow plan`` sizes from measured rates (docs/scale.md).
+
+What it is not: a scheduler. It does not move work at run time; it sets two numbers before the servers
+start. ``describe_layout`` says in one line what was chosen and why (the flow logs it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from rollflow.api.config import ExperimentConfig
+from rollflow.api.errors import ConfigError
+
+AUTO = "auto"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def generation_cores(cfg: ExperimentConfig, cores: int) -> int:
+    """``G`` of the module docstring."""
+    if cfg.rollout.pause_during_training:
+        return max(1, cores)
+    return max(1, cores - max(1, cfg.train.threads))
+
+
+def resolve_layout(cfg: ExperimentConfig, cores: int | None = None) -> ExperimentConfig:
+    """``cfg`` with ``inference.n_servers`` and ``inference.server_threads`` resolved (see the module docstring)."""
+    inf = cfg.inference
+    if inf.n_servers != AUTO and inf.server_threads != AUTO:
+        return cfg
+    if inf.backend != "local":
+        field = "inference.n_servers" if inf.n_servers == AUTO else "inference.server_threads"
+        raise ConfigError(
+            field,
+            f"'auto' sizes rollflow's CPU server (backend local), not backend {inf.backend}; set a number "
+            "(for GPUs: `rollflow plan` recommends inference GPUs per trainer GPU from measured rates)",
+        )
+    c = usable_cores() if cores is None else cores
+    n = 1 if inf.n_servers == AUTO else int(inf.n_servers)
+    threads = max(1, generation_cores(cfg, c) // n) if inf.server_threads == AUTO else int(inf.server_threads)
+    return dataclasses.replace(cfg, inference=dataclasses.replace(inf, n_servers=n, server_threads=threads))
+
+
+def describe_layout(cfg: ExperimentConfig, cores: int | None = None) -> str:
+    """One line: the cores, what the trainer and generation get."""
+    c = usable_cores() if cores is None else cores
+    inf = cfg.inference
+    return (
+        f"{c} usable core(s): trainer {cfg.train.threads} thread(s); generation {inf.n_servers} "
+        f"server(s) x {inf.server_threads} thread(s) (backend {inf.backend})"
+    )
