@@ -4,12 +4,17 @@
     rollflow resume TRIAL [--config C] [dotted.overrides ...]        continue TRIAL (a finished one: no-op)
     rollflow eval --trial T [--config C] [--version V] [--split S]   score a checkpoint of T
     rollflow inspect [--config C] [trial=T ...] [--min-reward R] [--version LO:HI] [--prompt TEXT]
-    rollflow plan [--config configs/gsm8k_qwen.yaml] [--image IMG]  the GPU path, resolved without a GPU
+    rollflow plan [--config configs/gsm8k_qwen.yaml] --image IMG    the GPU path, resolved without a GPU
 
 ``run``, ``resume`` and ``eval`` run the flows in this process: against ``PREFECT_API_URL`` when it is
 set (the runs show in that server's UI), else against a private API server that dies with this process.
 To run on a worker instead, use ``prefect deployment run 'async-rl/local'`` (docs/operations.md).
 ``inspect`` reads storage only and never imports Prefect, so it answers in about a second.
+
+A command line that cannot work (an unknown config key, a trial that holds no data for ``resume`` or
+already holds some for ``run --trial``, a checkpoint that is not there, ``plan`` without an image) ends
+with one ``rollflow <command>: error: ...`` line saying what to type instead, and exit status 2; ``run``,
+``resume`` and ``eval`` check their trial before they start Prefect (``flows/preflight.py``).
 
 It lives in ``flows/`` (not ``rollflow/``) because it calls flows, and ``rollflow/`` never imports Prefect.
 """
@@ -18,12 +23,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from flows.preflight import CommandError, check_checkpoint, check_trial
+from rollflow.api.errors import ConfigError
+from storage.errors import CheckpointNotFoundError
+
 DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
+USAGE_STATUS = 2  # argparse's status for a command line that cannot work
 
 
 def _run(args: argparse.Namespace, *, resume: bool) -> int:
+    check_trial(args.config, args.overrides, trial=args.trial, resume=resume)
     from flows.async_rl import async_rl, print_summary
     from flows.local_api import local_prefect_api
     from rollflow.configuration.parameter_secrets import secret_overrides_aside
@@ -35,6 +47,7 @@ def _run(args: argparse.Namespace, *, resume: bool) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    check_checkpoint(args.config, args.overrides, trial=args.trial, version=args.version)
     from flows.evaluate import evaluate
     from flows.local_api import local_prefect_api
     from rollflow.configuration.parameter_secrets import secret_overrides_aside
@@ -48,7 +61,15 @@ def _eval(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from flows.gpu_plan import gpu_plan
 
-    plan = gpu_plan(args.config, args.overrides, image=args.image)
+    image = args.image if args.image is not None else os.environ.get("ROLLFLOW_IMAGE", "")
+    if not image.strip():
+        raise CommandError(
+            "no container image: the GPU pools run the image built from infra/docker/Dockerfile.gpu; "
+            f"name it: `rollflow plan --config {args.config} --image <registry>/rollflow:gpu` "
+            "(or export ROLLFLOW_IMAGE=<registry>/rollflow:gpu)"
+        )
+    plan = gpu_plan(args.config, args.overrides, image=image)
+    print(plan.pop("summary"), end="\n\n")
     print(plan.pop("config"))
     print(json.dumps(plan, indent=1))
     return 0
@@ -88,6 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except (CommandError, ConfigError, CheckpointNotFoundError) as exc:
+        return _usage_error(argv[0], exc)
+
+
+def _usage_error(command: str, exc: Exception) -> int:
+    """One line on stderr, no traceback: the message already says what to do."""
+    print(f"rollflow {command}: error: {exc}", file=sys.stderr)
+    return USAGE_STATUS
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["inspect"]:  # its own parser, and no Prefect import
         from rollflow.rollout.inspect import main as inspect_main
 

@@ -7,7 +7,9 @@ What it is:
 - ``pool_job_variables``: what the rollout and train deployments ask of their work pools:
   ``gpu_count = inference.n_servers x inference.sglang.tp_size`` for rollout and
   ``train.nproc_per_node`` for training, and the image (``ROLLFLOW_IMAGE``; missing = an error);
-- ``gpu_plan``: all of the above for one config, as a dict (``rollflow plan``, a test);
+- ``gpu_plan``: all of the above for one config, as the ``async-rl/gpu`` deployment resolves it (its
+  ``DEPLOYMENT_OVERRIDES`` first: ``orchestration.mode=distributed``), with a short ``summary`` on top
+  (what runs where on how many GPUs), as a dict (``rollflow plan``, a test);
 - ``deployment_variables``: a ``prefect deploy`` build step (prefect-gpu.yaml) that returns the job
   variables the GPU deployments template in, and fails the deploy when no image is set.
 What it is not: a launcher. Nothing here starts a process or needs CUDA, SGLang or the network.
@@ -26,6 +28,12 @@ from rollflow.configuration.loader import load_config, to_yaml
 
 class MissingImageError(ConfigError):
     """A GPU deployment was about to be created without a container image."""
+
+
+# The overrides the ``async-rl/gpu`` deployment in prefect-gpu.yaml passes (tests/flows/test_gpu_plan.py
+# holds the two equal): the plan resolves the config as that deployment runs it, not as a bare
+# `rollflow run` would (embedded mode).
+DEPLOYMENT_OVERRIDES: tuple[str, ...] = ("orchestration.mode=distributed",)
 
 
 def torchrun_command(cfg: ExperimentConfig, config: str | None, overrides: list[str]) -> list[str]:
@@ -86,22 +94,61 @@ def pool_job_variables(cfg: ExperimentConfig, image: str | None) -> dict[str, di
 def gpu_plan(
     config: str | None, overrides: list[str] | None = None, image: str | None = None
 ) -> dict[str, Any]:
-    """Everything the GPU deployments would run, resolved and checked, for a human or a test."""
-    overrides = list(overrides or [])
+    """Everything the GPU deployments would run, resolved and checked, for a human or a test.
+
+    ``overrides`` go on top of ``DEPLOYMENT_OVERRIDES``; ``image`` defaults to ``$ROLLFLOW_IMAGE``.
+    """
+    overrides = [*DEPLOYMENT_OVERRIDES, *(overrides or [])]
     cfg = load_config(config, overrides)
     if cfg.inference.backend != "sglang":
         raise ConfigError(
             "inference.backend", f"is {cfg.inference.backend!r}; the GPU path serves with sglang"
         )
+    job_variables = pool_job_variables(cfg, image if image is not None else os.environ.get("ROLLFLOW_IMAGE"))
     return {
+        "summary": plan_summary(cfg, config, job_variables["train"]["image"]),
         "config": to_yaml(cfg),
         "sglang_commands": sglang_commands(cfg),
         "torchrun_command": torchrun_command(cfg, config, overrides),
-        "job_variables": pool_job_variables(
-            cfg, image if image is not None else os.environ.get("ROLLFLOW_IMAGE")
-        ),
+        "job_variables": job_variables,
         "gpus": {"rollout": rollout_gpu_count(cfg), "train": cfg.train.nproc_per_node},
     }
+
+
+def plan_summary(cfg: ExperimentConfig, config: str | None, image: str) -> str:
+    """A dozen lines on what runs where, on how many GPUs; the plan's details follow it."""
+    from rollflow.configuration.redact import redact_url
+
+    inf, orch, train = cfg.inference, cfg.orchestration, cfg.train
+    per_rollout = rollout_gpu_count(cfg)
+    servers = f"{inf.n_servers} SGLang server(s) x tp_size {inf.sglang.tp_size} = {per_rollout} GPU(s)"
+    lines = [f"GPU plan for {config or 'the defaults'} (experiment {cfg.experiment}, model {cfg.model.path})"]
+    if orch.mode == "distributed":
+        total = orch.n_rollout_workers * per_rollout + train.nproc_per_node + per_rollout
+        lines += [
+            f"  orchestration: distributed: async-rl/gpu triggers {orch.train_deployment} and "
+            f"{orch.n_rollout_workers} x {orch.rollout_deployment}, then waits for them",
+            f"  rollout: {servers} per {orch.rollout_deployment} run",
+            f"  train:   torchrun --nproc_per_node={train.nproc_per_node} ({train.distributed}) = "
+            f"{train.nproc_per_node} GPU(s), {train.steps} steps",
+            f"  eval:    async-rl/gpu serves the policy itself for its evaluations: {servers} on the machine "
+            "of the worker that runs it",
+            f"  GPUs:    {total} in all ({orch.n_rollout_workers} x {per_rollout} rollout + "
+            f"{train.nproc_per_node} train + {per_rollout} eval)",
+        ]
+    else:
+        lines += [
+            "  orchestration: embedded: servers, rollout and training in one flow run, on one machine",
+            f"  GPUs:    {per_rollout + train.nproc_per_node} ({servers} + {train.nproc_per_node} train)",
+        ]
+    lines += [
+        f"  image:   {image}",
+        f"  storage: {redact_url(cfg.storage.root)}/{cfg.experiment}/<trial> (shared by every run)",
+        f"  mlflow:  {redact_url(cfg.tracking.mlflow_tracking_uri or '$MLFLOW_TRACKING_URI')}",
+        "Below: the resolved config (YAML), then the SGLang and torchrun commands and the pools' job "
+        "variables (JSON).",
+    ]
+    return "\n".join(lines)
 
 
 def deployment_variables(config: str, overrides: list[str] | None = None) -> dict[str, Any]:

@@ -203,9 +203,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m rollflow.rollout.
     args = p.parse_args(argv)
     options: dict[str, Any] = {}
     if args.config:
+        from rollflow.api.errors import ConfigError
         from rollflow.configuration.loader import load_config
 
-        cfg = load_config(args.config, args.overrides)
+        try:
+            cfg = load_config(args.config, args.overrides)
+        except ConfigError as exc:
+            p.error(str(exc))
         args.storage_root = args.storage_root or cfg.storage.root
         args.experiment = args.experiment or cfg.experiment
         args.trial = args.trial or cfg.trial
@@ -231,7 +235,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m rollflow.rollout.
         storage, tokenizer=args.tokenizer, limit=args.limit or None, newest_first=not args.oldest, where=where
     )
     if not rows:
-        sys.stdout.write("no committed trajectories\n")
+        stored = where != RowFilter() and read_trajectories(storage, limit=1)  # the filters, or the trial?
+        sys.stdout.write(
+            "no committed trajectory matches the filters\n"
+            if stored
+            else f"no committed trajectories under {storage.root_uri} (check the trial name)\n"
+        )
         return 1
     sys.stdout.write(format_table(rows, width=args.width) + "\n")
     sys.stdout.write(f"{len(rows)} rows\n")

@@ -98,3 +98,62 @@ def test_console_script_is_declared_for_an_existing_module() -> None:
     import importlib
 
     assert callable(getattr(importlib.import_module(module), func))
+
+
+def test_inspect_says_whether_the_trial_or_the_filters_found_nothing(tmp_path: Path) -> None:
+    _write_trial(tmp_path / "st", tmp_path / "tok")
+    assert "no committed trajectory matches the filters" in _inspect(tmp_path, "--min-reward", "5")
+    lines = _inspect(tmp_path, "--min-reward", "1", "--trial", "t9")  # the README's line, a wrong name
+    assert any("no committed trajectories under" in ln and "check the trial name" in ln for ln in lines)
+
+
+def test_plan_without_an_image_says_what_to_type_without_a_traceback() -> None:
+    """`rollflow plan --config configs/gsm8k_qwen.yaml`, as prefect-gpu.yaml wrote it (issue 27)."""
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}  # no ROLLFLOW_IMAGE
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "plan", "--config", "configs/gsm8k_qwen.yaml"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    assert out.stderr.startswith("rollflow plan: error: no container image")
+    assert "--image <registry>/rollflow:gpu" in out.stderr and "ROLLFLOW_IMAGE" in out.stderr
+
+
+def test_plan_prints_a_summary_first_and_resolves_as_the_gpu_deployment(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from flows.cli import main
+
+    assert main(["plan", "--config", "configs/gsm8k_qwen.yaml", "--image", "reg/r:gpu"]) == 0
+    out = capsys.readouterr().out
+    summary = out[: out.index("\n\n")].splitlines()
+    assert summary[0].startswith("GPU plan for configs/gsm8k_qwen.yaml") and len(summary) <= 12
+    assert any("distributed" in ln and "train/gpu" in ln for ln in summary)
+    assert "  GPUs:    16 in all (1 x 4 rollout + 8 train + 4 eval)" in summary
+    assert "  mode: distributed\n" in out and "mode: embedded" not in out  # async-rl/gpu's override
+
+
+def _trial_cli(root: Path, command: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from flows.cli import main
+
+    rc = main([*command, f"storage.root={root}", "experiment=exp"])
+    captured = capsys.readouterr()
+    return rc, captured.out + captured.err
+
+
+def test_run_resume_and_eval_refuse_a_wrong_trial_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked before Prefect starts: a line naming the trials there and the command to type, status 2."""
+    root = tmp_path / "st"
+    _write_trial(root, tmp_path / "tok")  # trial t1 holds trajectories, no checkpoint
+    rc, err = _trial_cli(root, ["resume", "t2"], capsys)
+    assert rc == 2 and err.startswith("rollflow resume: error: trial 't2' holds no data")
+    assert "trials there: t1" in err and "`rollflow run`" in err and "Traceback" not in err
+    rc, err = _trial_cli(root, ["run", "--trial", "t1"], capsys)
+    assert rc == 2 and "already holds data" in err and "`rollflow resume t1`" in err
+    rc, err = _trial_cli(root, ["eval", "--trial", "t1"], capsys)
+    assert rc == 2 and "trial 't1' has no committed checkpoint" in err and "trials there: t1" in err
+    rc, err = _trial_cli(root, ["run", "trian.steps=3"], capsys)
+    assert rc == 2 and err.startswith("rollflow run: error: config key 'trian'") and "'trial'" in err

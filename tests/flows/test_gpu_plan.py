@@ -52,3 +52,17 @@ def test_offline_defaults_only_for_the_embedded_default() -> None:
     assert gpu["DO_NOT_TRACK"] == "true"
     tiny = process_env_defaults(load_config(str(ROOT / "configs" / "tiny_cpu.yaml")))
     assert tiny["HF_HUB_OFFLINE"] == "1" and tiny["TRANSFORMERS_OFFLINE"] == "1"
+
+
+def test_the_plan_resolves_the_config_as_the_async_rl_gpu_deployment_does() -> None:
+    """prefect-gpu.yaml's async-rl/gpu passes orchestration.mode=distributed: the plan must show that mode."""
+    import yaml
+
+    from flows.gpu_plan import DEPLOYMENT_OVERRIDES
+
+    deployments = yaml.safe_load((ROOT / "prefect-gpu.yaml").read_text())["deployments"]
+    (parent,) = [d for d in deployments if d["entrypoint"] == "flows/async_rl.py:async_rl"]
+    assert list(DEPLOYMENT_OVERRIDES) == parent["parameters"]["overrides"]
+    plan = gpu_plan(GPU, image="reg/rollflow:gpu")
+    assert "  mode: distributed\n" in plan["config"]
+    assert "orchestration: distributed" in plan["summary"] and "image:   reg/rollflow:gpu" in plan["summary"]
