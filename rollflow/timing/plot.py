@@ -1,7 +1,7 @@
 """The timeline picture: roles as rows, states as colours, versions marked, cores and servers below.
 
 What it is: ``plot_timeline(doc, path)`` draws a ``Timeline.document()`` (or the ``timeline.json``
-artifact read back) into a PNG with matplotlib's Agg backend: the upper panel has one row per role
+artifact read back) into a PNG (a bare matplotlib ``Figure``, so the caller's pyplot backend is left alone): the upper panel has one row per role
 (trainer, rollout, weights, eval) with each state span coloured and the share of each state in the legend;
 thin ticks on top mark every policy version (every k-th label); the lower panel plots each core's busy
 share and each server's busy share over time, from the periodic samples. ``window`` draws a slice
@@ -35,19 +35,15 @@ def plot_timeline(
     doc: dict[str, Any], path: str | Path, *, window: tuple[float, float] | None = None
 ) -> Path:
     """Write the picture of ``doc`` to ``path`` (PNG); returns the path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: a notebook's inline backend must stay as it is
     from matplotlib.patches import Patch
 
     roles = doc.get("roles", {})
     names = [r for r in ROW_ORDER if r in roles] + sorted(r for r in roles if r not in ROW_ORDER)
     t_end = float(doc.get("duration_s", 0.0)) or 1.0
     lo, hi = window if window is not None else (0.0, t_end)
-    fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(11, 1.0 + 0.7 * len(names) + 2.4), sharex=True, height_ratios=[max(1, len(names)), 2.2]
-    )
+    fig = Figure(figsize=(11, 1.0 + 0.7 * len(names) + 2.4))
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[max(1, len(names)), 2.2])
     legend: dict[str, Patch] = {}
     for row, name in enumerate(reversed(names)):
         info = roles[name]
@@ -98,5 +94,4 @@ def plot_timeline(
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
-    plt.close(fig)
     return out

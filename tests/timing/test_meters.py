@@ -104,3 +104,22 @@ def test_plot_timeline_writes_a_png(tmp_path: Path) -> None:
     tl.add_sample({"t": 0.2, "cores": {"0": 0.6, "1": 0.8}, "servers": {"a": {"busy_frac": 0.5}}})
     out = plot_timeline(tl.document(), tmp_path / "sub" / "timeline.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+def test_plot_timeline_leaves_the_pyplot_backend_alone(tmp_path: Path) -> None:
+    """The flow draws the timeline inside a notebook kernel: switching pyplot to Agg broke inline plots."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from rollflow.timing.clock import Timeline
+    from rollflow.timing.plot import plot_timeline
+
+    before = matplotlib.get_backend()
+    plt.switch_backend("svg")
+    try:
+        tl = Timeline()
+        tl.role("eval")
+        plot_timeline(tl.document(), tmp_path / "t.png")
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        plt.switch_backend(before)
