@@ -68,7 +68,12 @@ def _plan(args: argparse.Namespace) -> int:
             f"name it: `rollflow plan --config {args.config} --image <registry>/rollflow:gpu` "
             "(or export ROLLFLOW_IMAGE=<registry>/rollflow:gpu)"
         )
-    plan = gpu_plan(args.config, args.overrides, image=image)
+    rates = None
+    if (args.train_seqs_per_s is None) != (args.gen_seqs_per_s is None):
+        raise CommandError("give both --train-seqs-per-s and --gen-seqs-per-s, or neither")
+    if args.train_seqs_per_s is not None:
+        rates = (args.train_seqs_per_s, args.gen_seqs_per_s)
+    plan = gpu_plan(args.config, args.overrides, image=image, rates=rates)
     print(plan.pop("summary"), end="\n\n")
     print(plan.pop("config"))
     print(json.dumps(plan, indent=1))
@@ -103,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="resolve the GPU config, commands and pool variables without a GPU")
     plan.add_argument("--config", default="configs/gsm8k_qwen.yaml")
     plan.add_argument("--image", default=None, help="container image (default: $ROLLFLOW_IMAGE)")
+    plan.add_argument(
+        "--train-seqs-per-s", type=float, default=None, help="measured: sequences/s the trainer consumes"
+    )
+    plan.add_argument(
+        "--gen-seqs-per-s", type=float, default=None, help="measured: sequences/s one inference server makes"
+    )
     plan.add_argument("overrides", nargs="*")
     return p
 

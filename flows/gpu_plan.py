@@ -92,11 +92,17 @@ def pool_job_variables(cfg: ExperimentConfig, image: str | None) -> dict[str, di
 
 
 def gpu_plan(
-    config: str | None, overrides: list[str] | None = None, image: str | None = None
+    config: str | None,
+    overrides: list[str] | None = None,
+    image: str | None = None,
+    *,
+    rates: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     """Everything the GPU deployments would run, resolved and checked, for a human or a test.
 
     ``overrides`` go on top of ``DEPLOYMENT_OVERRIDES``; ``image`` defaults to ``$ROLLFLOW_IMAGE``.
+    ``rates`` = (sequences/s the trainer consumes, sequences/s one inference server produces), measured:
+    the plan then recommends the inference GPUs for the trainer's (``split``; docs/scale.md).
     """
     overrides = [*DEPLOYMENT_OVERRIDES, *(overrides or [])]
     cfg = load_config(config, overrides)
@@ -106,7 +112,7 @@ def gpu_plan(
         )
     job_variables = pool_job_variables(cfg, image if image is not None else os.environ.get("ROLLFLOW_IMAGE"))
     return {
-        "summary": plan_summary(cfg, config, job_variables["train"]["image"]),
+        "summary": plan_summary(cfg, config, job_variables["train"]["image"], split=split_advice(cfg, rates)),
         "config": to_yaml(cfg),
         "sglang_commands": sglang_commands(cfg),
         "torchrun_command": torchrun_command(cfg, config, overrides),
@@ -115,7 +121,27 @@ def gpu_plan(
     }
 
 
-def plan_summary(cfg: ExperimentConfig, config: str | None, image: str) -> str:
+def split_advice(cfg: ExperimentConfig, rates: tuple[float, float] | None) -> str:
+    """Inference GPUs per trainer GPU from measured rates, with the arithmetic; or how to get the rates."""
+    from rollflow.configuration.layout import recommend_gpu_split
+
+    if rates is None:
+        return (
+            "give --train-seqs-per-s (the trainer's rate when it never waits) and --gen-seqs-per-s (one "
+            "server's rate) from a run's time/... metrics to size generation to the trainer (docs/scale.md)"
+        )
+    split = recommend_gpu_split(
+        train_seqs_per_s=rates[0],
+        gen_seqs_per_s=rates[1],
+        trainer_gpus=cfg.train.nproc_per_node,
+        tp_size=cfg.inference.sglang.tp_size,
+    )
+    have = cfg.orchestration.n_rollout_workers * cfg.inference.n_servers
+    verdict = "as configured" if have == split.servers else f"configured: {have}"
+    return f"{split.arithmetic}; {split.servers} server(s) in all ({verdict})"
+
+
+def plan_summary(cfg: ExperimentConfig, config: str | None, image: str, *, split: str = "") -> str:
     """A dozen lines on what runs where, on how many GPUs; the plan's details follow it."""
     from rollflow.configuration.redact import redact_url
 
@@ -145,6 +171,7 @@ def plan_summary(cfg: ExperimentConfig, config: str | None, image: str) -> str:
         f"  image:   {image}",
         f"  storage: {redact_url(cfg.storage.root)}/{cfg.experiment}/<trial> (shared by every run)",
         f"  mlflow:  {redact_url(cfg.tracking.mlflow_tracking_uri or '$MLFLOW_TRACKING_URI')}",
+        *([f"  split:   {split}"] if split else []),
         "Below: the resolved config (YAML), then the SGLang and torchrun commands and the pools' job "
         "variables (JSON).",
     ]

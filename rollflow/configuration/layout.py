@@ -18,12 +18,16 @@ With ``rollout.pause_during_training`` (the synchronous baseline) nothing runs b
 
 What it is not: a scheduler. It does not move work at run time; it sets two numbers before the servers
 start. ``describe_layout`` says in one line what was chosen and why (the flow logs it).
+``recommend_gpu_split`` is the GPU side: inference GPUs per trainer GPU from measured rates (``rollflow
+plan`` prints it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+from dataclasses import dataclass
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import ConfigError
@@ -72,3 +76,49 @@ def describe_layout(cfg: ExperimentConfig, cores: int | None = None) -> str:
         f"{c} usable core(s): trainer {cfg.train.threads} thread(s); generation {inf.n_servers} "
         f"server(s) x {inf.server_threads} thread(s) (backend {inf.backend})"
     )
+
+
+@dataclass(frozen=True)
+class GpuSplit:
+    """Inference GPUs for ``trainer_gpus`` training GPUs, and the arithmetic that gave them."""
+
+    trainer_gpus: int
+    inference_gpus: int
+    servers: int
+    arithmetic: str
+
+
+def recommend_gpu_split(
+    *,
+    train_seqs_per_s: float,
+    gen_seqs_per_s: float,
+    trainer_gpus: int,
+    tp_size: int = 1,
+) -> GpuSplit:
+    """Size generation to the trainer on GPUs (docs/scale.md, "Sizing generation to the trainer").
+
+    ``train_seqs_per_s``: sequences per second the whole trainer (``trainer_gpus`` GPUs) consumes when it
+    never waits for data (its compute rate); ``gen_seqs_per_s``: sequences per second one inference server
+    of ``tp_size`` GPUs produces at the run's batch size and lengths. Generation must keep up with the
+    trainer, so with ``n`` servers ``n * gen_seqs_per_s >= train_seqs_per_s``:
+
+        servers = ceil(train_seqs_per_s / gen_seqs_per_s)       inference GPUs = servers * tp_size
+
+    Rounding up leaves generation the surplus; the staleness bound (``rollout.max_staleness``) holds it
+    back, so the cost of the surplus is idle inference time, never off-policy data. Both rates are measured:
+    the trainer's from ``train/train_tokens_per_s`` / tokens per sequence (or ``time/trainer/computing_frac``
+    of a run), generation's from a run's ``rollout/completions_per_s`` over ``time/server*/busy_frac``.
+    """
+    if train_seqs_per_s <= 0 or gen_seqs_per_s <= 0 or trainer_gpus < 1 or tp_size < 1:
+        raise ConfigError(
+            "plan rates",
+            "need train_seqs_per_s > 0, gen_seqs_per_s > 0, trainer_gpus >= 1 and tp_size >= 1 "
+            f"(got {train_seqs_per_s}, {gen_seqs_per_s}, {trainer_gpus}, {tp_size})",
+        )
+    servers = max(1, math.ceil(train_seqs_per_s / gen_seqs_per_s - 1e-9))
+    arithmetic = (
+        f"servers = ceil({train_seqs_per_s:g} seq/s trained / {gen_seqs_per_s:g} seq/s per server) = {servers}; "
+        f"inference GPUs = {servers} x tp {tp_size} = {servers * tp_size} for {trainer_gpus} trainer GPU(s) "
+        f"({servers * tp_size / trainer_gpus:.2f} per trainer GPU)"
+    )
+    return GpuSplit(trainer_gpus, servers * tp_size, servers, arithmetic)

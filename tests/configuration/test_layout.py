@@ -62,3 +62,15 @@ def test_auto_is_refused_for_gpu_engines_and_bad_values_are_named() -> None:
         load_config("configs/tiny_cpu.yaml", ["inference.server_threads=0"])
     with pytest.raises(ConfigError, match=r"expected int \| 'auto'"):
         load_config("configs/tiny_cpu.yaml", ["inference.n_servers=many"])
+
+
+def test_gpu_split_from_rates() -> None:
+    from rollflow.configuration.layout import recommend_gpu_split
+
+    split = recommend_gpu_split(train_seqs_per_s=100.0, gen_seqs_per_s=30.0, trainer_gpus=4, tp_size=2)
+    assert (split.servers, split.inference_gpus) == (4, 8)  # ceil(100 / 30) = 4 servers of 2 GPUs
+    assert "ceil(100 seq/s trained / 30 seq/s per server) = 4" in split.arithmetic
+    assert recommend_gpu_split(train_seqs_per_s=60.0, gen_seqs_per_s=30.0, trainer_gpus=1).servers == 2
+    assert recommend_gpu_split(train_seqs_per_s=1.0, gen_seqs_per_s=30.0, trainer_gpus=1).servers == 1
+    with pytest.raises(ConfigError, match="gen_seqs_per_s > 0"):
+        recommend_gpu_split(train_seqs_per_s=1.0, gen_seqs_per_s=0.0, trainer_gpus=1)

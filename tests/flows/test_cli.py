@@ -132,6 +132,19 @@ def test_plan_prints_a_summary_first_and_resolves_as_the_gpu_deployment(
     assert any("distributed" in ln and "train/gpu" in ln for ln in summary)
     assert "  GPUs:    16 in all (1 x 4 rollout + 8 train + 4 eval)" in summary
     assert "  mode: distributed\n" in out and "mode: embedded" not in out  # async-rl/gpu's override
+    assert any(ln.startswith("  split:   give --train-seqs-per-s") for ln in summary)
+
+
+def test_plan_sizes_generation_to_the_trainer_from_measured_rates(capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.cli import main
+
+    args = ["plan", "--config", "configs/gsm8k_qwen.yaml", "--image", "reg/r:gpu"]
+    assert main([*args, "--train-seqs-per-s", "200", "--gen-seqs-per-s", "35"]) == 0
+    out = capsys.readouterr().out
+    split = next(ln for ln in out.splitlines() if ln.startswith("  split:"))
+    assert "ceil(200 seq/s trained / 35 seq/s per server) = 6" in split and "configured: 4" in split
+    assert main([*args, "--train-seqs-per-s", "200"]) == 2
+    assert "give both" in capsys.readouterr().err
 
 
 def _trial_cli(root: Path, command: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
