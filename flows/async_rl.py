@@ -28,7 +28,8 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.parameter_secrets import refuse_secret_overrides_for_other_processes
 from tasks.bootstrap import bootstrap_model
 from tasks.evaluate import eval_loop, evaluate_policy
-from tasks.lineage import run_lineage, run_lineage_tags
+from tasks.finalize import finalize_trained, finish_tracking, publish_summary, record_finalized
+from tasks.lineage import run_lineage
 from tasks.loops import join_loops
 from tasks.rollout import rollout_loop
 from tasks.runtime import (
@@ -40,31 +41,10 @@ from tasks.runtime import (
     resolve_config,
 )
 from tasks.servers import start_servers, stop_servers
-from tasks.tracking import markdown_artifact, table_artifact
 from tasks.train import train_loop
 from tasks.trials import choose_trial, named_in_overrides
 
 DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
-
-
-def _summary_markdown(summary: dict[str, Any]) -> str:
-    lines = [
-        f"# async-rl: {summary['experiment']} / {summary['trial']}",
-        "",
-        "| | |",
-        "| --- | --- |",
-        f"| final policy version | {summary['final_version']} |",
-        f"| eval accuracy before | {summary['eval_accuracy_before']:.3f} |",
-        f"| eval accuracy after | {summary['eval_accuracy_after']:.3f} |",
-        f"| groups trained on | {summary['train'].get('groups_consumed', '?')} |",
-        f"| stale groups dropped | {summary['train'].get('dropped_stale', '?')} |",
-        f"| wall time | {summary['wall_s']:.0f} s |",
-        f"| storage | `{summary['storage_uri']}` |",
-        f"| MLflow run | [{summary['mlflow_run_id']}]({summary['mlflow_run_url']}) |",
-        f"| registered model | {summary.get('registered_model') or '-'} ({summary.get('registry_decision')}) |",
-        f"| started from | {summary.get('source_model_version') or 'base model'} |",
-    ]
-    return "\n".join(lines)
 
 
 def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str, Any]:
@@ -149,8 +129,9 @@ def async_rl(
         trial: the trial to run; unset = a new trial named after the config's (every run is its
             own trial). ``{date}`` becomes today's date. A trial that already holds data needs
             ``resume``.
-        resume: continue the named trial. A finished trial is only reported: nothing is trained,
-            logged or registered again.
+        resume: continue the named trial. A trial stopped after training gets the finalization it
+            missed (tasks/finalize.py); a finished one is only reported: nothing is trained, logged
+            or registered again.
         retrain_from_registry: start from the registered policy (the ``latest-rl`` alias) on a
             fresh data draw (the nightly retrain).
     """
@@ -176,6 +157,8 @@ def async_rl(
         logger.info("trial %s (%s%s)", cfg.trial, plan.state, ", resume" if plan.resume else "")
         if plan.state == "finished":
             return _report_finished(cfg, plan.done or {}, logger)
+        if plan.state == "trained":  # stopped between training and finalization: finish that, once
+            return finalize_trained(cfg, plan.done or {}, logger)
         source_version = None
         if retrain_from_registry and plan.state == "new":
             cfg, source_version = _from_registry(cfg, logger)
@@ -216,16 +199,17 @@ def async_rl(
                 "time_bounds": parts.get("timing", {}).get("bounds"),
             }
             if tracker:
-                summary.update(_finish_tracking(cfg, tracker, parts, summary))
-            markdown_artifact(_summary_markdown(summary), key="async-rl-summary", description="Run summary")
+                summary.update(finish_tracking(cfg, tracker, parts, summary))
+            publish_summary(summary)
             status = "FINISHED"
-            return summary
         except BaseException as exc:
             status = "KILLED" if is_interruption(exc) else "FAILED"
             raise
         finally:
             if tracker:
                 tracker.finish(status)
+        record_finalized(cfg, summary)  # last: the trial is whole (storage.finalization)
+        return summary
 
 
 def _report_finished(cfg: ExperimentConfig, done: dict[str, Any], logger: Any) -> dict[str, Any]:
@@ -245,62 +229,6 @@ def _report_finished(cfg: ExperimentConfig, done: dict[str, Any], logger: Any) -
         "mlflow_run_id": run.info.run_id if run else None,
         "registered_model": (run.data.tags.get("rollflow.registry.version") if run else None),
     }
-
-
-def _finish_tracking(
-    cfg: ExperimentConfig, tracker: Any, parts: dict[str, Any], summary: dict[str, Any]
-) -> dict[str, Any]:
-    """Log the run's artifacts, then register the policy if the gate says so; returns summary fields."""
-    from rollflow.rollout.inspect import sample_trajectories
-    from rollflow.tracking.registry import Incumbent, decide_registration
-    from storage.checkpoints import CheckpointStore
-    from storage.fs import Storage
-
-    tracker.log_dict({k: v for k, v in summary.items()}, "summary.json")
-    tracker.log_table(parts["after"]["rows"][:100], "eval/after.json")
-    tracker.log_table(parts["before"]["rows"][:100], "eval/before.json")
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
-    samples = sample_trajectories(storage, cfg.model.path, limit=cfg.tracking.n_sample_trajectories)
-    tracker.log_table(samples, "trajectories/samples.json")
-    table_artifact(samples[:20], key="sample-trajectories", description="Decoded sample trajectories")
-    tracker.log_curves_png()
-    if parts.get("timing", {}).get("doc"):
-        tracker.log_timeline(parts["timing"]["doc"])
-    if not cfg.tracking.register_model:
-        tracker.set_tags({"rollflow.registry.decision": "disabled"})
-        return {"registered_model": None, "registry_decision": "disabled"}
-    after = float(summary["eval_accuracy_after"])
-    incumbent = tracker.registry.incumbent()
-    if incumbent is not None and summary.get("source_model_version") == incumbent.version:
-        # the run started from the incumbent: its "before" score is the incumbent on this eval set
-        incumbent = Incumbent(incumbent.version, float(summary["eval_accuracy_before"]), incumbent.tags)
-    decision = decide_registration(
-        steps_trained=int(parts["train"].get("steps_run", 0)), eval_accuracy=after, incumbent=incumbent
-    )
-    tags = {
-        "rollflow.registry.decision": "registered" if decision.register else "skipped",
-        "rollflow.registry.reason": decision.reason,
-        "rollflow.registry.detail": decision.detail,
-    }
-    if incumbent is not None:
-        tags["rollflow.registry.incumbent_version"] = incumbent.version
-    registered = None
-    if decision.register:
-        final = summary["final_version"]
-        local = CheckpointStore(storage).fetch(
-            final, f"{cfg.storage.local_cache}/{cfg.experiment}/{cfg.trial}"
-        )
-        version_tags = {
-            "eval_accuracy": f"{after:.4f}",
-            "registry_reason": decision.reason,
-            **{k: v for k, v in run_lineage_tags(tracker).items()},
-        }
-        registry_version = tracker.register_checkpoint(local, version=final, extra_tags=version_tags)
-        tags["rollflow.registry.version"] = registry_version
-        registered = f"{tracker.model_name} v{registry_version}"
-    tracker.set_tags(tags)
-    get_run_logger().info("registry: %s (%s)", tags["rollflow.registry.decision"], decision.detail)
-    return {"registered_model": registered, "registry_decision": decision.reason}
 
 
 def _from_registry(cfg: ExperimentConfig, logger: Any) -> tuple[ExperimentConfig, str]:
@@ -329,11 +257,13 @@ def print_summary(summary: dict[str, Any]) -> None:
         )
         return
     print()
+    if summary.get("finalized_on_resume"):
+        print(f"trial {summary['trial']} had trained to version {summary['final_version']}; finalized now")
     print(f"trial {summary['trial']}")
     print(f"eval_accuracy_before {summary['eval_accuracy_before']:.3f}")
     print(f"eval_accuracy_after {summary['eval_accuracy_after']:.3f}")
     print(f"final_version {summary['final_version']}  wall_s {summary['wall_s']:.0f}")
-    if summary.get("time_bounds"):
+    if summary.get("time_bounds"):  # absent on a resume that only finalized
         print(f"time: {summary['time_bounds']}")
     print(f"registered: {summary.get('registered_model') or '-'} ({summary.get('registry_decision')})")
     print(f"storage: {summary['storage_uri']}")
@@ -347,11 +277,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue the named trial")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=20")
     args = parser.parse_args(argv)
+    return run_command(args.config, args.overrides, trial=args.trial, resume=args.resume)
+
+
+def run_command(config: str, overrides: list[str], *, trial: str | None, resume: bool) -> int:
+    """Run the flow in this process (a private Prefect API unless ``PREFECT_API_URL`` is set) and print
+    its summary; Ctrl-C prints one line saying what was kept and how to resume (``flows.interrupt``)."""
+    from flows.interrupt import INTERRUPTED_STATUS, kept_line, quiet_interrupt_logs, trial_for_command
     from flows.local_api import local_prefect_api
     from rollflow.configuration.parameter_secrets import secret_overrides_aside
 
-    with local_prefect_api(), secret_overrides_aside(args.overrides) as overrides:
-        summary = async_rl(config=args.config, overrides=overrides, trial=args.trial, resume=args.resume)
+    with secret_overrides_aside(overrides) as public:
+        trial = trial_for_command(config, overrides, trial)
+        try:
+            with quiet_interrupt_logs(), local_prefect_api():
+                summary = async_rl(config=config, overrides=public, trial=trial, resume=resume)
+        except KeyboardInterrupt:
+            print(kept_line(trial, config, overrides, shown=public), file=sys.stderr)
+            return INTERRUPTED_STATUS
     print_summary(summary)
     return 0
 

@@ -36,14 +36,9 @@ USAGE_STATUS = 2  # argparse's status for a command line that cannot work
 
 def _run(args: argparse.Namespace, *, resume: bool) -> int:
     check_trial(args.config, args.overrides, trial=args.trial, resume=resume)
-    from flows.async_rl import async_rl, print_summary
-    from flows.local_api import local_prefect_api
-    from rollflow.configuration.parameter_secrets import secret_overrides_aside
+    from flows.async_rl import run_command
 
-    with local_prefect_api(), secret_overrides_aside(args.overrides) as overrides:
-        summary = async_rl(config=args.config, overrides=overrides, trial=args.trial, resume=resume)
-    print_summary(summary)
-    return 0
+    return run_command(args.config, args.overrides, trial=args.trial, resume=resume)
 
 
 def _eval(args: argparse.Namespace) -> int:

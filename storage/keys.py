@@ -16,6 +16,7 @@ checkpoints/v{N:06d}/acks/{server}.json                   a server serves N
 checkpoints/LATEST                                        {"version": N, "path": ...}
 trainer/state-{step:08d}.json, trainer/state-{step:08d}/  resume point (+ model/optimizer safetensors)
 trainer/DONE.json                                         the trainer finished
+FINALIZED.json                                            the trial is whole (written last; storage.finalization)
 rollout/state-{name}.json                                 rollout resume point
 eval/v{N:06d}.json                                        evaluation of version N
 ```
@@ -34,6 +35,7 @@ CHECKPOINT_COMMIT_NAME = "COMMIT.json"
 LATEST_KEY = "checkpoints/LATEST"
 TRAINER_DIR = "trainer"
 TRAINER_DONE_KEY = "trainer/DONE.json"
+FINALIZED_KEY = "FINALIZED.json"
 ROLLOUT_DIR = "rollout"
 EVAL_DIR = "eval"
 

@@ -5,8 +5,10 @@ What it is: ``choose_trial`` turns the flow's parameters into a trial name and a
   ``{config trial}-{YYYYmmdd-HHMMSS}-{4 hex}``, so every deployment run is its own trial;
 - a trial named: ``{date}`` in it becomes today's date (``nightly-{date}`` -> ``nightly-20261124``);
   if the trial already holds data, the run must say ``resume=True`` (else ``TrialExistsError``);
-- ``resume=True`` on a trial that finished (its trainer wrote DONE.json) is a no-op that reports: it
-  trains nothing, registers nothing and logs nothing. On an unfinished trial it continues it.
+- ``resume=True`` on a trial that finished (its finalization record ``FINALIZED.json`` exists) is a
+  no-op that reports: it trains nothing, registers nothing and logs nothing. On a trial that is
+  ``trained`` (the trainer wrote DONE.json, the finalization record is missing: stopped in between) it
+  runs the missing finalization steps (``tasks.finalize``). On an unfinished trial it continues it.
 What it is not: the resume mechanics (the trainer and rollout restore their own state from storage).
 """
 
@@ -28,12 +30,15 @@ class NothingToResumeError(ConfigError):
     """``resume=True`` named a trial that holds no data."""
 
 
+TrialState = Literal["new", "unfinished", "trained", "finished"]
+
+
 @dataclass(frozen=True)
 class TrialPlan:
     trial: str
-    state: Literal["new", "unfinished", "finished"]
+    state: TrialState
     resume: bool
-    done: dict[str, Any] | None = None  # the trainer's DONE.json for a finished trial
+    done: dict[str, Any] | None = None  # the trainer's DONE.json for a trained or finished trial
 
 
 def expand_trial_name(name: str, now: float | None = None) -> str:
@@ -50,13 +55,15 @@ def named_in_overrides(overrides: list[str]) -> bool:
     return any(o.split("=", 1)[0].strip() == "trial" for o in overrides)
 
 
-def trial_state(storage: Any) -> tuple[Literal["new", "unfinished", "finished"], dict[str, Any] | None]:
-    """new: nothing stored; finished: the trainer's done marker exists; unfinished: anything else."""
+def trial_state(storage: Any) -> tuple[TrialState, dict[str, Any] | None]:
+    """new: nothing stored; finished: the finalization record exists; trained: the trainer's done
+    marker exists and the record does not; unfinished: anything else."""
     from storage.checkpoints import CheckpointStore
+    from storage.finalization import read_finalized
 
     done = CheckpointStore(storage).is_done()
     if done is not None:
-        return "finished", done
+        return ("finished" if read_finalized(storage) is not None else "trained"), done
     return ("unfinished" if storage.list_dirs("") else "new"), None
 
 

@@ -415,14 +415,15 @@ async def run_rollout_loop(
 
 
 def rollout_state(n_running: int, staleness_room: int, *, loading: bool) -> str:
-    """The rollout's state on one tick (``rollflow.timing.clock``): ``paused`` while a weight load has the
-    servers paused; else ``capacity_wait`` while the staleness bound holds new episodes back (some may still
-    run); else ``generating`` with episodes in flight; else ``idle``."""
+    """The rollout's state on one tick (``rollflow.timing.clock``; a sample every ``poll_interval_s``, so
+    its shares are estimates at that resolution): ``paused`` while a weight load has the servers paused;
+    else ``generating`` with episodes in flight; else ``capacity_wait`` when nothing runs because the
+    staleness bound holds new episodes back; else ``idle`` (nothing to run: start-up, data exhausted)."""
     if loading:
         return "paused"
-    if staleness_room <= 0:
-        return "capacity_wait"
-    return "generating" if n_running > 0 else "idle"
+    if n_running > 0:
+        return "generating"
+    return "capacity_wait" if staleness_room <= 0 else "idle"
 
 
 def _own_groups(view: LedgerView, name: str) -> int:

@@ -11,9 +11,9 @@ The states each role uses (``ROLE_STATES``):
   the shards once they are), ``computing`` (advantages, proximal/reference logprobs, PPO update),
   ``publishing`` (the audit record, the checkpoint hand-off and the resume point), ``other`` (set-up and
   hooks, e.g. the synchronous baseline's pause of the servers);
-- ``rollout``: ``generating`` (episodes in flight and more may start), ``capacity_wait`` (the staleness
-  bound holds new episodes back), ``paused`` (a weight load has the servers paused), ``idle`` (none of
-  those: start-up, the data exhausted);
+- ``rollout``: ``generating`` (episodes in flight), ``capacity_wait`` (none in flight because the
+  staleness bound holds new ones back), ``paused`` (a weight load has the servers paused), ``idle`` (none
+  of those: start-up, the data exhausted);
 - ``weights`` (the checkpoint watcher): ``fetching`` (fetch and verify a new version; generation goes on),
   ``loading`` (the servers pause, load it and continue: generation stops) or ``waiting``;
 - ``eval``: ``evaluating`` or ``idle``.

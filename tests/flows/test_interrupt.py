@@ -1,5 +1,13 @@
-"""A command-line run stopped from outside: SIGTERM ends it with the MLflow run KILLED, and SIGKILL of
-the flow process leaves no orphan (inference servers, reward workers, nor the private Prefect API server)."""
+"""A command-line run stopped from outside.
+
+- SIGTERM ends it with the MLflow run KILLED; SIGKILL of the flow process leaves no orphan (inference
+  servers, reward workers, nor the private Prefect API server).
+- Ctrl-C (SIGINT to the terminal's foreground process group) prints one line, no traceback: the trial
+  kept, its resume point, and the command that resumes it; exit status 130.
+- SIGKILL right after training ends (trainer/DONE.json written, finalization not done): the resume
+  finalizes the trial once (final evaluation, registry decision, MLflow run FINISHED, in the same run);
+  a second resume changes nothing and says so.
+"""
 
 from __future__ import annotations
 
@@ -34,30 +42,45 @@ def _tagged(tag: str) -> dict[int, str]:
     return found
 
 
-def _start(tmp_path: Path, name: str) -> tuple[subprocess.Popen[bytes], str, Path]:
-    tag = f"ROLLFLOW_TEST_TAG=interrupt-{name}-{os.getpid()}"
+def _env(tmp_path: Path, tag: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(
         PREFECT_HOME=str(tmp_path / "prefect"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
         DO_NOT_TRACK="true", MLFLOW_DISABLE_TELEMETRY="true", PYTHONPATH=str(ROOT),
     )  # fmt: skip
     env[tag.split("=")[0]] = tag.split("=")[1]
-    storage = tmp_path / "storage"
+    return env
+
+
+def _overrides(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "train.steps=10000", "eval.every_n_versions=0", "eval.n_prompts=16",
+        f"storage.root={tmp_path / 'storage'}", f"storage.local_cache={tmp_path / 'cache'}",
+        f"tracking.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", *extra,
+    ]  # fmt: skip
+
+
+def _start(
+    tmp_path: Path, name: str, *extra: str, until: str = "checkpoints/LATEST", poll_s: float = 1.0
+) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """``python -m flows.async_rl`` on trial ``name`` (its own session, as a terminal's foreground job),
+    returned once the trial's key ``until`` exists."""
+    tag = f"ROLLFLOW_TEST_TAG=interrupt-{name}-{os.getpid()}"
     cmd = [
         sys.executable, "-m", "flows.async_rl", "--config", "configs/tiny_cpu.yaml", "--trial", name,
-        "train.steps=10000", "eval.every_n_versions=0", "eval.n_prompts=16", f"storage.root={storage}",
-        f"storage.local_cache={tmp_path / 'cache'}",
-        f"tracking.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        *_overrides(tmp_path, *extra),
     ]  # fmt: skip
     log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 (outlives this function)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    latest = storage / "tiny-arith" / name / "checkpoints" / "LATEST"
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=_env(tmp_path, tag), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    wanted = tmp_path / "storage" / "tiny-arith" / name / until
     deadline = time.monotonic() + 600
     try:
-        while not latest.exists():
+        while not wanted.exists():
             assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the run never published a checkpoint"
-            time.sleep(1)
+            assert time.monotonic() < deadline, f"the run never wrote {until}"
+            time.sleep(poll_s)
     except BaseException:
         _kill_tree(proc, tag)
         raise
@@ -120,3 +143,70 @@ def test_sigterm_stops_the_run_and_marks_it_killed(tmp_path: Path) -> None:
     exp = client.get_experiment_by_name("tiny-arith")
     (run,) = client.search_runs([exp.experiment_id], filter_string="tags.`rollflow.trial` = 'stopped'")
     assert run.info.status == "KILLED", run.info.status
+
+
+def test_ctrl_c_prints_what_was_kept_and_the_resume_command(tmp_path: Path) -> None:
+    proc, tag, log = _start(tmp_path, "ctrl-c")
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole foreground group
+    t0 = time.monotonic()
+    try:
+        rc = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc, tag)
+        pytest.fail("the run did not exit within 120 s of Ctrl-C:\n" + log.read_text()[-3000:])
+    exit_s = time.monotonic() - t0
+    out = log.read_text()
+    assert rc == 130, out[-3000:]
+    assert "Traceback" not in out, out[-5000:]
+    line = next(ln for ln in out.splitlines() if ln.startswith("rollflow: stopped by Ctrl-C"))
+    assert "kept trial ctrl-c (resume point at version " in line, line
+    assert "Resume it with: rollflow resume ctrl-c --config configs/tiny_cpu.yaml train.steps=10000" in line
+    assert not _wait_gone(tag, 30), "processes outlived the interrupted run"
+    print(f"exit {exit_s:.1f}s after Ctrl-C; {line}")
+
+
+def _resume(tmp_path: Path, name: str) -> str:
+    tag = f"ROLLFLOW_TEST_TAG=interrupt-{name}-resume-{os.getpid()}"
+    cmd = [
+        sys.executable, "-m", "flows.async_rl", "--config", "configs/tiny_cpu.yaml", "--trial", name,
+        "--resume", *_overrides(tmp_path, "train.steps=3"),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path, tag), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout
+
+
+def test_a_trial_killed_after_training_is_finalized_by_its_resume_once(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from storage import keys
+
+    proc, tag, log = _start(tmp_path, "after-done", "train.steps=3", until=keys.TRAINER_DONE_KEY, poll_s=0.02)
+    proc.kill()  # training done, finalization not (yet) done
+    proc.wait()
+    assert not _wait_gone(tag, 60)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny-arith")
+    (run,) = client.search_runs([exp.experiment_id], filter_string="tags.`rollflow.trial` = 'after-done'")
+    assert run.info.status == "RUNNING", "the kill came too late: the run was already finalized"
+    finalized = tmp_path / "storage" / "tiny-arith" / "after-done" / keys.FINALIZED_KEY
+    assert not finalized.exists()
+
+    out = _resume(tmp_path, "after-done")
+    assert "had trained to version 3; finalized now" in out, out
+    run = client.get_run(run.info.run_id)  # the same run, ended
+    assert run.info.status == "FINISHED" and run.info.end_time
+    final_evals = [m for m in client.get_metric_history(run.info.run_id, "eval/accuracy") if m.step == 3]
+    assert len(final_evals) == 1, final_evals
+    assert run.data.tags["rollflow.registry.decision"] in ("registered", "skipped"), run.data.tags
+    assert finalized.exists()
+    n_versions = len(client.search_model_versions("name = 'tiny-arith-policy'"))
+    evals = client.get_metric_history(run.info.run_id, "eval/accuracy")
+
+    again = _resume(tmp_path, "after-done")
+    assert "had already finished at version 3; nothing done" in again, again
+    run2 = client.get_run(run.info.run_id)
+    assert (run2.info.status, run2.info.end_time) == ("FINISHED", run.info.end_time)
+    assert client.get_metric_history(run.info.run_id, "eval/accuracy") == evals  # nothing scored again
+    assert run2.data.tags == run.data.tags
+    assert len(client.search_model_versions("name = 'tiny-arith-policy'")) == n_versions

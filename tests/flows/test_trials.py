@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from storage.finalization import mark_finalized
 from storage.fs import Storage
 from tasks.trials import (
     NothingToResumeError,
@@ -39,6 +40,9 @@ def test_existing_trial_needs_resume_and_finished_trial_is_reported(tmp_path: Pa
     plan = choose_trial("demo", named="t1", resume=True, open_storage=_opener(tmp_path))
     assert (plan.trial, plan.state, plan.resume) == ("t1", "unfinished", True)
     CheckpointStore(st).mark_done({"version": 4})
+    plan = choose_trial("demo", named="t1", resume=True, open_storage=_opener(tmp_path))
+    assert plan.state == "trained" and plan.done["version"] == 4  # training done, finalization missing
+    mark_finalized(st, {"final_version": 4})
     plan = choose_trial("demo", named="t1", resume=True, open_storage=_opener(tmp_path))
     assert plan.state == "finished" and plan.done["version"] == 4
 

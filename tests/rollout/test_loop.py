@@ -428,7 +428,8 @@ def test_rollout_state_precedence() -> None:
     from rollflow.rollout.loop import rollout_state
 
     assert rollout_state(8, 0, loading=True) == "paused"  # a weight load has the servers paused
-    assert rollout_state(8, 0, loading=False) == "capacity_wait"  # the bound holds new episodes back
+    assert rollout_state(8, 0, loading=False) == "generating"  # at the bound, but the servers work
+    assert rollout_state(0, 0, loading=False) == "capacity_wait"  # nothing runs: the bound holds it back
     assert rollout_state(8, 5, loading=False) == "generating"
     assert rollout_state(0, 5, loading=False) == "idle"
 
