@@ -84,6 +84,9 @@ def plot_timeline(
     for j, a in enumerate(servers):
         ys = [100 * s.get("servers", {}).get(a, {}).get("busy_frac", float("nan")) for s in samples]
         bottom.plot(ts, ys, lw=1, ls="--", label=f"server {j} engine")
+    if not samples:
+        bottom.text(0.5, 0.5, "no core / server sample in this window (one every few seconds)",
+                    transform=bottom.transAxes, ha="center", va="center", fontsize=8, color="#636363")  # fmt: skip
     bottom.set_ylim(0, 105)
     bottom.set_ylabel("busy %")
     bottom.set_xlabel("seconds since the run started")
