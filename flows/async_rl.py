@@ -7,6 +7,9 @@ and a summary comes back (final version, accuracies, MLflow run id, storage URIs
 Distributed mode (``flows/distributed.py``): the same story, with the train loop and N rollout workers
 as `train` and `rollout` deployment runs on their work pools, sharing the storage root and MLflow run.
 
+A trial is whole once it is finalized (final evaluation, registry decision, MLflow run ended, then
+FINALIZED.json: ``tasks/finalize.py``); resuming a trial stopped after training runs what it missed.
+
 Run it:  python -m flows.async_rl --config configs/tiny_cpu.yaml train.steps=20
    or:   prefect deployment run 'async-rl/local' --param overrides='["train.steps=20"]'
 """
@@ -27,6 +30,7 @@ from flows.distributed import run_distributed
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.parameter_secrets import refuse_secret_overrides_for_other_processes
 from tasks.bootstrap import bootstrap_model
+from tasks.distributed import writer_name_for
 from tasks.evaluate import eval_loop, evaluate_policy
 from tasks.finalize import finalize_trained, finish_tracking, publish_summary, record_finalized
 from tasks.lineage import run_lineage
@@ -74,8 +78,9 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
             cfg, metrics=sink, stop_event=stop, pause_addresses=servers.addresses, timeline=timeline
         )
         rollout_f = rollout_loop.submit(
-            cfg, servers.addresses, metrics=sink, stop_event=stop, fleet=servers, timeline=timeline
-        )
+            cfg, servers.addresses, metrics=sink, stop_event=stop, fleet=servers, timeline=timeline,
+            writer_name=writer_name_for(0),  # the trial's one worker: a resumed run adopts its open blocks
+        )  # fmt: skip
         evals_f = eval_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop, timeline=timeline)
         done = join_loops({"train-loop": train_f, "rollout-loop": rollout_f, "eval-loop": evals_f}, stop)
         train, rollout = done["train-loop"], done["rollout-loop"]

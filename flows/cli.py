@@ -14,7 +14,9 @@ To run on a worker instead, use ``prefect deployment run 'async-rl/local'`` (doc
 A command line that cannot work (an unknown config key, a trial that holds no data for ``resume`` or
 already holds some for ``run --trial``, a checkpoint that is not there, ``plan`` without an image) ends
 with one ``rollflow <command>: error: ...`` line saying what to type instead, and exit status 2; ``run``,
-``resume`` and ``eval`` check their trial before they start Prefect (``flows/preflight.py``).
+``resume`` and ``eval`` check their trial before they start Prefect (``flows/preflight.py``). Ctrl-C
+during ``run`` or ``resume`` prints one line (the trial kept, its resume point, the command that
+resumes it) and exits with status 130 (``flows/interrupt.py``).
 
 It lives in ``flows/`` (not ``rollflow/``) because it calls flows, and ``rollflow/`` never imports Prefect.
 """

@@ -4,7 +4,9 @@ What it is: ``ServerGroup`` (a set of child server processes with their addresse
 and a clean SIGTERM -> SIGKILL stop; also a context manager) and ``launch_local_servers`` (N
 ``python -m infra.cpu_server`` on free loopback ports). ``infra.sglang_launcher`` reuses ``ServerGroup``.
 Children get ``PR_SET_PDEATHSIG`` on Linux, so they die with the process that launched them (a cancelled
-flow run leaves no orphans). The API key travels in the environment, never on the command line.
+flow run leaves no orphans), and a process group of their own, so a terminal's Ctrl-C (SIGINT to the
+foreground group) reaches only the parent: it stops its loops first, then them. The API key travels in
+the environment, never on the command line.
 
 ``ServerGroup.supervise`` starts an ``infra.supervisor.Supervisor`` over the group: a dead server is
 restarted on its address, or given up and reported after ``max_restarts``.
@@ -220,6 +222,7 @@ def _spawn(cmd: list[str], log_path: Path, env: dict[str, str] | None) -> subpro
             stdin=subprocess.DEVNULL,
             env=env,
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            process_group=0,  # a terminal's Ctrl-C reaches the parent only, which stops the servers in order
         )
 
 

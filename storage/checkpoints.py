@@ -22,9 +22,12 @@ while downloading); `fetch` always makes a verified private copy.
 
 GC rule: keep the newest `keep_last` committed versions, and never delete a version >= the floor, the
 minimum over servers of each server's latest ack (acks older than `ack_ttl_s` count as dead servers, if
-a ttl is set). A watcher acks N as "loading" BEFORE it verifies or loads N, so the floor covers what is
-being loaded, and GC re-checks a victim's acks just before deleting it. Deletion removes COMMIT.json
-first, so a version is never committed-but-partial.
+a ttl is set). An ack is bound to the process that wrote it (its `owner`: host, pid and pid namespace):
+an ack whose owner ran here and is no longer running is dead at once, whatever its age (a watcher killed
+with its flow, whose servers died with it, holds nothing back after the trial is resumed); an ack from
+another host lives until its TTL. A watcher acks N as "loading" BEFORE it verifies or loads N, so the
+floor covers what is being loaded, and GC re-checks a victim's acks just before deleting it. Deletion
+removes COMMIT.json first, so a version is never committed-but-partial.
 
 What this is NOT: a model loader (transformers does that) or a weight-update driver (the watcher is).
 """
@@ -38,6 +41,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -153,6 +157,51 @@ def _check_digest(name: str, got: FileDigest, expect: Mapping[str, Any], algo: s
         raise CheckpointIntegrityError(
             name, f"{algo} {got.digest[:16]}... != {expect[algo][:16]}... in COMMIT.json"
         )
+
+
+def _pid_space() -> str:
+    """This machine's boot and pid namespace: where a pid means this very process (two containers with
+    one hostname, or two hosts both called "localhost", never compare pids across each other)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+def ack_owner() -> dict[str, Any]:
+    """Who writes an ack: this host and process (`_owner_gone` tells when it has ended)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_space": _pid_space()}
+
+
+def _owner_gone(owner: Any) -> bool:
+    """True when an ack's owner ran here (same host, boot and pid namespace) and its process is gone;
+    False when it may be alive or cannot be checked from here (another host, no owner recorded: the
+    TTL decides)."""
+    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
+        return False
+    space = _pid_space()
+    if not space or owner.get("pid_space") != space:
+        return False
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: a process of another user holds the pid, so it is not ours, and not dead
+        return False
+    return _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """A killed process its parent has not reaped yet still has a pid; it serves nothing."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
 
 
 class CheckpointStore:
@@ -576,10 +625,17 @@ class CheckpointStore:
     # --- acks and gc --------------------------------------------------------------------------------------
 
     def ack(self, version: int, server_id: str, *, state: Literal["loading", "serving"] = "serving") -> None:
-        """Record that `server_id` serves `version`, or (state="loading") is about to verify and load it."""
+        """Record that `server_id` serves `version`, or (state="loading") is about to verify and load it.
+        The ack names its owner, this process (`ack_owner`)."""
         self.storage.put_json(
             keys.ack_key(version, server_id),
-            {"server_id": server_id, "version": version, "state": state, "acked_at": time.time()},
+            {
+                "server_id": server_id,
+                "version": version,
+                "state": state,
+                "acked_at": time.time(),
+                "owner": ack_owner(),
+            },
         )
 
     def retract_ack(self, version: int, server_id: str) -> None:
@@ -597,16 +653,19 @@ class CheckpointStore:
             assert m is not None
             v, server = int(m.group(1)), m.group(2)
             latest[server] = max(v, latest.get(server, -1))
-        if self.ack_ttl_s is None:
-            return latest
         now = time.time()
         live: dict[str, int] = {}
         for server, v in latest.items():
             try:
-                acked_at = float(self.storage.get_json(keys.ack_key(v, server))["acked_at"])
+                doc = self.storage.get_json(keys.ack_key(v, server))
+                acked_at = float(doc["acked_at"])
             except (FileNotFoundError, ValueError, KeyError, TypeError, RecursionError):
+                if self.ack_ttl_s is None:
+                    live[server] = v  # without a TTL an unreadable ack still counts, as it always did
                 continue
-            if now - acked_at <= self.ack_ttl_s:
+            if _owner_gone(doc.get("owner")):
+                continue
+            if self.ack_ttl_s is None or now - acked_at <= self.ack_ttl_s:
                 live[server] = v
         return live
 

@@ -198,7 +198,7 @@ def finalize_trained(cfg: ExperimentConfig, done: dict[str, Any], logger: Any) -
             wall_s=time.monotonic() - t0,
         )
         record_finalized(cfg, summary)
-        return summary
+        return {**summary, "finalized_on_resume": False, "already_finished": True}
     tracker.start()  # the trial's run again (find_run): RUNNING until it is finalized
     summary.update(
         mlflow_run_id=tracker.run_id,

@@ -37,10 +37,11 @@ class FleetLink:
     def on_server_down(self, address: str, reason: str) -> None:
         self.client.pool.mark_down(address)
         self.client.pool.set_restarting(address, True)  # requests wait for it rather than fail
+        self.watcher.server_down(address, reason)  # its ack must not hold checkpoint GC while it restarts
 
     def on_server_restarted(self, address: str) -> None:
-        # It serves the initial weights: the watcher catches it up at once, while the client keeps routing
-        # around it for one more cooldown.
+        # It serves the initial weights: the watcher catches it up at once (no retry backoff), while the
+        # client keeps routing around it for one more cooldown.
         self.client.pool.mark_down(address)
         self.client.pool.set_restarting(address, False)
         self.watcher.resync(address)

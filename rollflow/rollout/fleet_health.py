@@ -5,6 +5,10 @@ the acks that tell checkpoint GC what they hold. Per server address:
 
 - **live**: not dropped. ``drop(address, reason)`` removes a server for good (its supervisor gave up on
   it) and retracts its ack; an unreachable server is still live, since it may come back.
+- **incarnation**: one run of a server's process. ``retire(address, reason)`` (its supervisor saw the
+  process die and replaces it) retracts the acks of the incarnation that died at once, so a dead
+  server never holds checkpoint GC back while it restarts (it serves nothing); the next one acks
+  what it is loaded with.
 - **served version**: learnt from a load (``on_serving``) or asked for by ``check_if_due``: every
   ``health_interval_s`` one GET of ``/get_model_info`` per live server. ``resync(address)`` (its
   supervisor restarted it) forgets what it served and makes the next check due at once.
@@ -141,6 +145,23 @@ class FleetHealth:
                 self.retract(v, [address])
             logger.error("watcher: dropped %s", address)
             self._check_fatal()
+            return True
+
+    def retire(self, address: str, reason: str) -> bool:
+        """``address``'s process died and is being replaced: retract the serving ack of that incarnation,
+        forget what it served, and count it unreachable until it answers again (a "loading" ack of a
+        load under way is retracted by the load, which fails). False if unknown or dropped."""
+        with self._lock:
+            if address not in self._sid or address in self._dropped:
+                return False
+            versions = {self._served.pop(address, None), self._acked.pop(address, None)} - {None}
+            self._acked_at.pop(address, None)
+            for v in sorted(versions):
+                self.retract(v, [address])
+            self.on_unreachable(address, reason)
+            logger.warning(
+                "watcher: retired the ack(s) %s of %s (its process died)", sorted(versions), address
+            )
             return True
 
     def resync(self, address: str) -> None:

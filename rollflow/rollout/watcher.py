@@ -30,8 +30,10 @@ probed again on later polls. One that serves another version than the others (it
 serves the initial weights again) is loaded with the served version at once. When no server has
 answered for ``dead_server_timeout_s``, ``on_fatal(message)`` is called once (the rollout loop then
 stops with that message). ``drop_server`` removes a server for good (its supervisor gave up) and
-retracts its ack; ``resync`` asks for a check at once (its supervisor restarted it). The served version
-is re-acked every ``ack_ttl_s / 4``, so a live server's ack never expires and a dead one's does.
+retracts its ack; ``server_down`` retracts the ack of a server whose process died (its supervisor
+restarts it); ``resync`` asks for a check and a catch-up load at once, skipping the retry backoff (its
+supervisor restarted it and it is healthy). The served version is re-acked every ``ack_ttl_s / 4``,
+so a live server's ack never expires and a dead one's does.
 
 So generation stops only for the load itself (``pause_s``), never for the trainer's save or the verification.
 Records ``publish_to_serving_s`` (COMMIT.json's ``created_at`` -> all servers serve N) and ``pause_s`` in
@@ -185,6 +187,7 @@ class CheckpointWatcher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = store.subscribe()  # set by an in-process publish (and by stop())
+        self._resynced = threading.Event()  # set by resync(): the next poll skips the retry backoff
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -232,6 +235,9 @@ class CheckpointWatcher:
         """Run one poll (steps 1-5 above); returns the version now served if this poll changed it."""
         if not self.fleet.live():
             return None
+        if self._resynced.is_set():  # a server came back: retry now, whatever the backoff said
+            self._resynced.clear()
+            self._failures.clear()
         self.fleet.check_if_due()
         try:
             hint = self.store.latest_version()
@@ -390,9 +396,15 @@ class CheckpointWatcher:
         if self.fleet.drop(address, reason):
             self._wake.set()
 
+    def server_down(self, address: str, reason: str) -> None:
+        """``address``'s process died (its supervisor restarts it): its ack goes at once (``FleetHealth.retire``)."""
+        self.fleet.retire(address, reason)
+
     def resync(self, address: str) -> None:
-        """``address`` was restarted: check what it serves and catch it up at the next poll (at once)."""
+        """``address`` was restarted and is healthy: check what it serves and catch it up at once, without
+        the retry backoff (the failures it counts were the server being down, not the checkpoint)."""
         self.fleet.resync(address)
+        self._resynced.set()
         self._wake.set()
 
     def _note_latest_problem(self, problem: str | None, ref: Any | None) -> None:

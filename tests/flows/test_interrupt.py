@@ -4,6 +4,7 @@
   servers, reward workers, nor the private Prefect API server).
 - Ctrl-C (SIGINT to the terminal's foreground process group) prints one line, no traceback: the trial
   kept, its resume point, and the command that resumes it; exit status 130.
+- SIGKILL mid-run: the resumed run adopts the prompt blocks the dead run held open.
 - SIGKILL right after training ends (trainer/DONE.json written, finalization not done): the resume
   finalizes the trial once (final evaluation, registry decision, MLflow run FINISHED, in the same run);
   a second resume changes nothing and says so.
@@ -12,12 +13,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,7 +149,7 @@ def test_sigterm_stops_the_run_and_marks_it_killed(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_prints_what_was_kept_and_the_resume_command(tmp_path: Path) -> None:
-    proc, tag, log = _start(tmp_path, "ctrl-c")
+    proc, tag, log = _start(tmp_path, "ctrl-c", until="trainer/consumed/step-00000002.json")  # mid-training
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole foreground group
     t0 = time.monotonic()
     try:
@@ -165,15 +168,19 @@ def test_ctrl_c_prints_what_was_kept_and_the_resume_command(tmp_path: Path) -> N
     print(f"exit {exit_s:.1f}s after Ctrl-C; {line}")
 
 
-def _resume(tmp_path: Path, name: str) -> str:
+def _resume(tmp_path: Path, name: str, *extra: str) -> str:
     tag = f"ROLLFLOW_TEST_TAG=interrupt-{name}-resume-{os.getpid()}"
     cmd = [
         sys.executable, "-m", "flows.async_rl", "--config", "configs/tiny_cpu.yaml", "--trial", name,
-        "--resume", *_overrides(tmp_path, "train.steps=3"),
+        "--resume", *_overrides(tmp_path, "train.steps=3", *extra),
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path, tag), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     return done.stdout
+
+
+def _history(client: Any, run_id: str, name: str) -> list[tuple[int, float, int]]:
+    return sorted((m.step, m.value, m.timestamp) for m in client.get_metric_history(run_id, name))
 
 
 def test_a_trial_killed_after_training_is_finalized_by_its_resume_once(tmp_path: Path) -> None:
@@ -201,12 +208,45 @@ def test_a_trial_killed_after_training_is_finalized_by_its_resume_once(tmp_path:
     assert run.data.tags["rollflow.registry.decision"] in ("registered", "skipped"), run.data.tags
     assert finalized.exists()
     n_versions = len(client.search_model_versions("name = 'tiny-arith-policy'"))
-    evals = client.get_metric_history(run.info.run_id, "eval/accuracy")
+    evals = _history(client, run.info.run_id, "eval/accuracy")
 
     again = _resume(tmp_path, "after-done")
     assert "had already finished at version 3; nothing done" in again, again
     run2 = client.get_run(run.info.run_id)
     assert (run2.info.status, run2.info.end_time) == ("FINISHED", run.info.end_time)
-    assert client.get_metric_history(run.info.run_id, "eval/accuracy") == evals  # nothing scored again
+    assert _history(client, run.info.run_id, "eval/accuracy") == evals  # nothing scored again
     assert run2.data.tags == run.data.tags
     assert len(client.search_model_versions("name = 'tiny-arith-policy'")) == n_versions
+
+
+def test_a_resumed_trial_adopts_the_prompt_blocks_its_killed_run_left_open(tmp_path: Path) -> None:
+    """SIGKILL mid-run: the resumed run (same trial, same worker) adopts every block the dead run held
+    open, at once (``rollout.worker_lease_s`` is long here, so no lease expiry could do it instead)."""
+    lease = "rollout.worker_lease_s=3600"
+    proc, tag, log = _start(tmp_path, "adopt", lease)
+    rollout_dir = tmp_path / "storage" / "tiny-arith" / "adopt" / "rollout"
+    deadline = time.monotonic() + 300
+    try:
+        while True:  # a state file that holds open blocks: prompts claimed but not committed
+            held = {}
+            for f in rollout_dir.glob("state-*.json"):
+                with contextlib.suppress(OSError, ValueError):
+                    held = json.loads(f.read_text()).get("blocks") or {}
+            if held:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+    finally:
+        _kill_tree(proc, tag)
+    dead = {}
+    for f in rollout_dir.glob("state-*.json"):
+        dead.update(json.loads(f.read_text()).get("blocks") or {})
+    assert dead
+    out = _resume(tmp_path, "adopt", lease)
+    takeovers = tmp_path / "storage" / "tiny-arith" / "adopt" / "prompts" / "takeovers"
+    for block, info in dead.items():
+        assert (takeovers / f"{int(block):010d}-{int(info['gen']) + 1:03d}.json").exists(), (
+            block,
+            out[-3000:],
+        )
+    print(f"blocks open at the kill: {sorted(dead)}")
