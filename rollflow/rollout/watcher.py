@@ -179,7 +179,11 @@ class CheckpointWatcher:
             ack_ttl_s=ack_ttl_s,
             on_fatal=on_fatal,
         )
-        self.clock = clock  # the ``weights`` role: ``loading`` while a version goes into the servers
+        self.clock = (
+            clock  # the ``weights`` role (rollflow.timing.clock): fetching, updating, loading, waiting
+        )
+        self._pause_lock = threading.Lock()
+        self._n_paused = 0  # servers paused for a load right now
         self.events: list[WatcherEvent] = []
         self._latest_problem: str | None = None  # last malformed-LATEST problem reported as an event
         self.serving_version: int | None = None  # the version every live, reachable server serves
@@ -279,7 +283,7 @@ class CheckpointWatcher:
             return None
         fetch_s = time.perf_counter() - t0
 
-        with self._state("loading"):  # the servers pause, load and continue
+        with self._state("updating"):  # the round trips to the servers; ``loading`` while one is paused
             if len(targets) <= 1:
                 results = [self._update_server(a, local, v) for a in targets]
             else:
@@ -329,6 +333,15 @@ class CheckpointWatcher:
                 logger.exception("on_update(%d) raised", v)
         return v
 
+    def _paused(self, delta: int) -> None:
+        """Count servers paused for a load; the ``weights`` role is ``loading`` while any is (generation stops
+        there, and the rollout shows ``paused``), else back to ``updating``."""
+        if self.clock is None:
+            return
+        with self._pause_lock:
+            self._n_paused += delta
+            self.clock.enter("loading" if self._n_paused > 0 else "updating")
+
     @contextlib.contextmanager
     def _state(self, state: str) -> Iterator[None]:
         """The ``weights`` role in ``state`` for the body (no-op without a clock)."""
@@ -348,6 +361,7 @@ class CheckpointWatcher:
                 return "ok", 0.0, ""
             t0 = time.perf_counter()
             control_call(addr, ROUTE_PAUSE, {"mode": self.pause_mode}, **kw)
+            self._paused(+1)
             try:
                 body = UpdateWeightFromDiskReqInput(model_path=str(local), weight_version=str(v)).to_json()
                 try:
@@ -367,8 +381,11 @@ class CheckpointWatcher:
                 if not (isinstance(reply, dict) and reply.get("success")):
                     raise WeightUpdateError(f"update refused: {reply}")
             finally:
-                with contextlib.suppress(ServerUnavailableError):  # it died: the pause died with it
-                    control_call(addr, ROUTE_CONTINUE, {}, **kw)
+                try:
+                    with contextlib.suppress(ServerUnavailableError):  # it died: the pause died with it
+                        control_call(addr, ROUTE_CONTINUE, {}, **kw)
+                finally:
+                    self._paused(-1)
             return "ok", time.perf_counter() - t0, ""
         except ServerUnavailableError as e:
             return "unreachable", 0.0, str(e)

@@ -15,7 +15,8 @@ The states each role uses (``ROLE_STATES``):
   staleness bound holds new ones back), ``paused`` (a weight load has the servers paused), ``idle`` (none
   of those: start-up, the data exhausted);
 - ``weights`` (the checkpoint watcher): ``fetching`` (fetch and verify a new version; generation goes on),
-  ``loading`` (the servers pause, load it and continue: generation stops) or ``waiting``;
+  ``updating`` (the round trips around a load: the served-version check, the pause request),
+  ``loading`` (from a server's pause to its continue: generation stops there) or ``waiting``;
 - ``eval``: ``evaluating`` or ``idle``.
 
 Every span is kept (adjacent spans of one state merge) up to ``max_spans`` per role; past that only the
@@ -37,7 +38,7 @@ from typing import Any
 ROLE_STATES: dict[str, tuple[str, ...]] = {
     "trainer": ("waiting_data", "computing", "publishing", "other"),
     "rollout": ("generating", "capacity_wait", "paused", "idle"),
-    "weights": ("fetching", "loading", "waiting"),
+    "weights": ("fetching", "updating", "loading", "waiting"),
     "eval": ("evaluating", "idle"),
 }
 DOC_FORMAT = 1

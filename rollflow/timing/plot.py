@@ -20,6 +20,7 @@ COLOURS = {
     "generating": "#2ca25f",
     "loading": "#e6550d",
     "fetching": "#fdd0a2",
+    "updating": "#fdae6b",
     "evaluating": "#756bb1",
     "waiting_data": "#fdae6b",
     "capacity_wait": "#fd8d3c",

@@ -98,9 +98,12 @@ def _update_mid_generation(
     """A long greedy generation on ``server`` (serving ``tiny_model_dir``) across the publish of
     ``tiny_model_dir_b`` as ``new_version``: tokens before the update are the old policy's, after it
     the new policy's continuation of prompt + prefix, each with its own version and logprob."""
+    from rollflow.timing.clock import Timeline
+
     addr = server.addresses[0]
     sink = InMemorySink()
     n_new = 1000
+    timeline = Timeline()
 
     async def go() -> Any:
         client = SGLangClient(server.addresses)
@@ -112,6 +115,7 @@ def _update_mid_generation(
             on_update=client.set_version,
             metrics=sink,
             pause_mode=pause_mode,  # type: ignore[arg-type]
+            clock=timeline.role("weights", initial="waiting"),
         )
         w.poll_once()  # v0, already served
         w.start()
@@ -140,6 +144,14 @@ def _update_mid_generation(
     # abort: the server returned the partial output and the client re-submitted it; retract: the server
     # kept the request, recomputed its KV cache under the new weights and went on (no round trip).
     assert r.n_interruptions >= 1 if pause_mode == "abort" else r.n_interruptions == 0
+    # The watcher's time accounting: the new version went fetching -> updating -> loading (the server
+    # paused) -> updating -> waiting: the pause lies inside the round trips around it.
+    states = [s for _, _, s in timeline.role("weights").spans()]
+    i = states.index("loading")
+    assert states[i - 3 : i + 3] == ["fetching", "waiting", "updating", "loading", "updating", "waiting"], (
+        states
+    )
+    assert states.count("loading") == 1 and timeline.role("weights").totals()["loading"] > 0
     ids = PROMPT + r.output_ids
     n_p = len(PROMPT)
     # Up to k the old policy's greedy choices, after k the NEW policy's greedy continuation of prompt+prefix
