@@ -246,12 +246,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         def setup_then_start_clock() -> None:
             setup()
             clock.start()
-            pids = {"servers": servers.servers[0].process.pid} if servers.servers else {}
-            reporters.append(
-                TimingReporter(
-                    timeline, addresses=servers.addresses, pids={"flow": os.getpid(), **pids}
-                ).start()
-            )
+            pids = {"flow": os.getpid(), **servers.pids()}
+            reporters.append(TimingReporter(timeline, addresses=servers.addresses, pids=pids).start())
 
         trainer._setup = setup_then_start_clock  # type: ignore[method-assign]
         child = None

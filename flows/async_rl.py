@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import threading
 import time
@@ -68,7 +69,11 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
     futures: list[Any] = []
     timeline = Timeline()  # where the time goes: every role's states, cores and servers (rollflow.timing)
     reporter = TimingReporter(
-        timeline, sink, addresses=servers.addresses, api_key=cfg.inference.api_key, pids=_process_ids(servers)
+        timeline,
+        sink,
+        addresses=servers.addresses,
+        api_key=cfg.inference.api_key,
+        pids={"flow": os.getpid(), **servers.pids()},
     )
     timing: dict[str, Any] = {}
     try:
@@ -97,18 +102,6 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
         reporter.stop()
         stop_servers(servers)
     return {"before": before, "after": after, "train": train, "rollout": rollout, "timing": timing}
-
-
-def _process_ids(servers: Any) -> dict[str, int]:
-    """``{"flow": this pid, "server{j}": each launched server's pid}`` (external servers have none)."""
-    import os
-
-    pids = {"flow": os.getpid()}
-    for j, server in enumerate(getattr(servers, "servers", []) or []):
-        process = getattr(server, "process", None)
-        if process is not None and getattr(process, "pid", None):
-            pids[f"server{j}"] = int(process.pid)
-    return pids
 
 
 @flow(

@@ -109,6 +109,10 @@ class ServerGroup:
     def addresses(self) -> list[str]:
         return [s.address for s in self.servers]
 
+    def pids(self) -> dict[str, int]:
+        """``{"server{j}": pid}`` of each child process (what ``rollflow.timing`` meters)."""
+        return {f"server{j}": s.process.pid for j, s in enumerate(self.servers)}
+
     def wait_healthy(self, timeout_s: float, *, only: list[int] | None = None) -> None:
         """Block until every server (or those at ``only``) answers /health; raise ``ServerStartupError``
         (with its log) otherwise."""

@@ -26,6 +26,9 @@ class ExternalServers:
     def stop(self) -> None:
         return None
 
+    def pids(self) -> dict[str, int]:
+        return {}  # not our processes: nothing to meter
+
 
 def weights_roots(cfg: ExperimentConfig) -> list[Path]:
     """Where the watcher points a launched server's weight updates: the checkpoint store's root when it

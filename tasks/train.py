@@ -43,6 +43,7 @@ def train_loop(
     pause_addresses: list[str] | None = None,
     timeline: Any = None,
 ) -> dict[str, Any]:
+    from rollflow.timing.clock import Timeline
     from rollflow.training.trainer import Trainer
     from storage.fs import Storage
 
@@ -54,13 +55,14 @@ def train_loop(
         hooks = PauseServersHooks(pause_addresses, cfg.inference.api_key)
     sink = ProgressSink(PrefixSink(metrics, "train/"), cfg.train.steps)
     own_timeline = timeline is None  # a deployment run (distributed mode): this process's own accounting
+    timeline = timeline if timeline is not None else Timeline()
     trainer = Trainer(cfg, storage, metrics=sink, stop_event=stop_event, hooks=hooks, timeline=timeline)
     try:
         summary = trainer.run()
     finally:
         stop_event.set()  # whatever happened, the other loops must not wait for more versions
     if own_timeline and metrics is not None:
-        metrics.log(trainer.clock_metrics(), step=trainer.version)
+        metrics.log(timeline.metrics(), step=trainer.version)
     out = dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)
     if out.get("stopped") and not out.get("done"):
         logger.warning("training interrupted at version %s", out.get("final_version"))

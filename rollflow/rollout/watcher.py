@@ -68,7 +68,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,7 +88,7 @@ from rollflow.rollout.sglang_protocol import (
     PauseMode,
     UpdateWeightFromDiskReqInput,
 )
-from rollflow.timing.clock import RoleClock
+from rollflow.timing.clock import RoleClock, Timeline
 
 logger = logging.getLogger(__name__)
 
@@ -179,9 +179,8 @@ class CheckpointWatcher:
             ack_ttl_s=ack_ttl_s,
             on_fatal=on_fatal,
         )
-        self.clock = (
-            clock  # the ``weights`` role (rollflow.timing.clock): fetching, updating, loading, waiting
-        )
+        # the ``weights`` role (rollflow.timing.clock): fetching, updating, loading, waiting
+        self.clock = clock if clock is not None else Timeline().role("weights", initial="waiting")
         self._pause_lock = threading.Lock()
         self._n_paused = 0  # servers paused for a load right now
         self.events: list[WatcherEvent] = []
@@ -271,7 +270,7 @@ class CheckpointWatcher:
         targets = self.fleet.needing(v)
         t0 = time.perf_counter()
         try:
-            with self._state("fetching"):
+            with self.clock.during("fetching"):
                 self.fleet.ack_loading(v, targets)  # before reading any file: GC keeps what is being loaded
                 if self.in_place:
                     local = self.store.verified_dir(v, self.cache_dir)
@@ -283,7 +282,7 @@ class CheckpointWatcher:
             return None
         fetch_s = time.perf_counter() - t0
 
-        with self._state("updating"):  # the round trips to the servers; ``loading`` while one is paused
+        with self.clock.during("updating"):  # the round trips to the servers; ``loading`` while one is paused
             if len(targets) <= 1:
                 results = [self._update_server(a, local, v) for a in targets]
             else:
@@ -336,20 +335,9 @@ class CheckpointWatcher:
     def _paused(self, delta: int) -> None:
         """Count servers paused for a load; the ``weights`` role is ``loading`` while any is (generation stops
         there, and the rollout shows ``paused``), else back to ``updating``."""
-        if self.clock is None:
-            return
         with self._pause_lock:
             self._n_paused += delta
             self.clock.enter("loading" if self._n_paused > 0 else "updating")
-
-    @contextlib.contextmanager
-    def _state(self, state: str) -> Iterator[None]:
-        """The ``weights`` role in ``state`` for the body (no-op without a clock)."""
-        if self.clock is None:
-            yield
-            return
-        with self.clock.during(state):
-            yield
 
     def _update_server(self, addr: str, local: Path, v: int) -> tuple[str, float, str]:
         """Pause -> update -> continue one server; ``(status, pause_s, error)``, status "ok", "unreachable"

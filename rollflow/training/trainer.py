@@ -302,12 +302,6 @@ class Trainer:
 
     # --- the loop -----------------------------------------------------------------------------------------
 
-    def clock_metrics(self) -> dict[str, float]:
-        """``time/trainer/{state}_frac`` and ``time/trainer/wall_s`` so far (see ``rollflow.timing.clock``)."""
-        out = {f"time/trainer/{s}_frac": f for s, f in self.clock.fractions().items()}
-        out["time/trainer/wall_s"] = self.clock.wall_s()
-        return out
-
     def run(self) -> TrainSummary:
         t_start = time.perf_counter()
         try:
