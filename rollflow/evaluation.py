@@ -167,7 +167,7 @@ async def arun_eval(cfg: ExperimentConfig, addresses: list[str]) -> EvalResult:
     from transformers import AutoTokenizer
 
     from rollflow.data import load_prompts
-    from rollflow.rewards import AsyncRewardRunner
+    from rollflow.rewards.inprocess import reward_runner_for
     from rollflow.rollout.client import SGLangClient
     from rollflow.rollout.loop import sampling_params
 
@@ -181,7 +181,7 @@ async def arun_eval(cfg: ExperimentConfig, addresses: list[str]) -> EvalResult:
         sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p = 0.0, 1.0, -1, 0.0
     client = SGLangClient.from_config(cfg.inference, addresses)
     try:
-        async with AsyncRewardRunner(
+        async with reward_runner_for(
             cfg.dataset.reward_fn,
             max_workers=cfg.rollout.reward_workers,
             timeout_s=cfg.rollout.reward_timeout_s,

@@ -38,7 +38,11 @@ from typing import Any
 
 import pytest
 
-from storage.fs import Storage
+from rollflow.configuration.state_dirs import ensure_state_dirs
+
+ensure_state_dirs()  # $PREFECT_HOME (runs/prefect from the Makefile) before any test module imports prefect
+
+from storage.fs import Storage  # noqa: E402
 
 S3_BUCKET = "rollflow-test"
 

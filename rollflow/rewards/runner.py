@@ -100,6 +100,17 @@ class RewardStats:
     infra_failures: int = 0  # calls that got no answer after every retry (``infra_error``)
 
 
+def counted(stats: RewardStats, outcome: RewardOutcome) -> RewardStats:
+    """``stats`` with one more call, counted by its outcome (shared with the in-process runner)."""
+    return replace(
+        stats,
+        calls=stats.calls + 1,
+        errors=stats.errors + (outcome.error is not None and not outcome.timed_out),
+        timeouts=stats.timeouts + outcome.timed_out,
+        infra_failures=stats.infra_failures + outcome.infra_error,
+    )
+
+
 class _Worker:
     """One ``python -m rollflow.rewards.worker`` process and the parent's ends of its two pipes."""
 
@@ -403,14 +414,7 @@ class AsyncRewardRunner:
         return RewardOutcome(score), worker
 
     def _count(self, outcome: RewardOutcome, completion: str) -> None:
-        s = self._stats
-        self._stats = replace(
-            s,
-            calls=s.calls + 1,
-            errors=s.errors + (outcome.error is not None and not outcome.timed_out),
-            timeouts=s.timeouts + outcome.timed_out,
-            infra_failures=s.infra_failures + outcome.infra_error,
-        )
+        self._stats = counted(self._stats, outcome)
         if outcome.infra_error:
             logger.error("reward %s got no answer from any worker: %s", self.fn_name, outcome.error)
         elif outcome.timed_out:

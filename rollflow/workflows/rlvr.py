@@ -157,7 +157,8 @@ class RLVRWorkflow(RolloutWorkflow):
             sampling: sampling parameters of every sample.
             group_size: samples per prompt (GRPO's group).
             reward_runner: a ready scorer; default: an ``AsyncRewardRunner`` over ``reward_fn`` with
-                ``reward_workers`` processes and ``reward_timeout_s``.
+                ``reward_workers`` processes and ``reward_timeout_s`` (threads of this process for a
+                reward registered in-process, ``rollflow.rewards.inprocess``).
         """
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -167,9 +168,9 @@ class RLVRWorkflow(RolloutWorkflow):
         self.group_size = group_size
         self._owns_runner = reward_runner is None
         if reward_runner is None:
-            from rollflow.rewards import AsyncRewardRunner
+            from rollflow.rewards.inprocess import reward_runner_for
 
-            reward_runner = AsyncRewardRunner(
+            reward_runner = reward_runner_for(
                 reward_fn, max_workers=reward_workers, timeout_s=reward_timeout_s
             )
         self.reward_runner = reward_runner

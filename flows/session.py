@@ -1,0 +1,276 @@
+"""``RLRun``: rollflow from Python in a few lines - a model, a dataset, a reward callable, then ``train()``.
+
+What it is: a thin front over the same flows the CLI and the deployments run (``async-rl``,
+``evaluate``), for notebooks and scripts::
+
+    from flows import RLRun
+
+    run = RLRun(model="runs/models/tiny", dataset=rows, reward_fn=my_reward, config={"train.steps": 50})
+    summary = run.train()        # the async-rl flow, in this process (a private Prefect API if none is set)
+    run.evaluate()               # score the latest checkpoint on the held-out rows
+    run.trajectories(limit=8)    # the newest trajectories, read from the Parquet shards
+    run.submit()                 # or: hand the same settings to the `async-rl/local` deployment
+
+It only turns Python objects into an ``ExperimentConfig``; there is no second code path:
+
+* ``dataset``: a list of dicts, a ``datasets.Dataset`` / ``DatasetDict`` (splits ``train`` and ``test``)
+  or a path/glob the ``files`` loader reads. In-memory rows are written once as JSONL under
+  ``runs/datasets/<content hash>/`` and the config points a ``files`` dataset at them. Without
+  ``eval_dataset`` (or a ``test`` split), a seeded tenth of the rows (at most 200) is held out.
+  Columns: ``messages`` (chat messages) or ``prompt`` / ``question`` (text), and ``answer``.
+* ``reward_fn``: ``fn(prompt, completion, answer, **data) -> float`` or ``"pkg.module:name"``. A function
+  importable by name runs in reward worker processes, as from YAML; one defined in a notebook cell, a
+  lambda or a closure runs in this process on threads, with the same timeout
+  (``rollflow.rewards.inprocess``), and ``submit()`` refuses it.
+* ``config``: a YAML path, an ``ExperimentConfig``, or a dict (nested, or dotted keys such as
+  ``{"train.steps": 50}``); ``model``, ``dataset`` and ``reward_fn`` go on top.
+
+Why ``flows``, not ``rollflow``: it runs Prefect flows, and ``rollflow/`` never imports prefect (the core
+runs without it), as ``rollflow``'s CLI lives in ``flows/cli.py``.
+What it is not: a trainer object that holds a model in memory; every call goes through storage, the
+flows and MLflow, exactly as a deployment run does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rollflow.api.config import ExperimentConfig
+from rollflow.api.errors import RollflowError
+from rollflow.configuration.loader import load_config, to_dict
+from rollflow.rewards.inprocess import is_in_process, register_reward
+from rollflow.rewards.protocol import reward_fn_name
+
+DATASETS_DIR = Path("runs/datasets")
+MAX_HELD_OUT = 200
+
+
+class SessionError(RollflowError, ValueError):
+    """An argument of ``RLRun`` that cannot become a run, with what to do instead."""
+
+
+def _dotted_to_tree(flat: Mapping[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise SessionError(f"config key {key!r} goes through {part!r}, which is a value")
+        if isinstance(value, Mapping):
+            node.setdefault(leaf, {}).update(_dotted_to_tree(value))
+        else:
+            node[leaf] = value
+    return tree
+
+
+def _rows(data: Any, what: str) -> list[dict[str, Any]]:
+    """A list of plain dicts from a list of dicts or a ``datasets.Dataset``."""
+    if hasattr(data, "to_list") and hasattr(data, "column_names"):  # datasets.Dataset
+        rows = data.to_list()
+    elif isinstance(data, Iterable) and not isinstance(data, (str, bytes, Mapping)):
+        rows = list(data)
+    else:
+        raise SessionError(
+            f"{what} must be a list of dicts, a datasets.Dataset/DatasetDict or a file path, got {type(data).__name__}"
+        )
+    if not rows:
+        raise SessionError(f"{what} is empty")
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, Mapping)), None)
+    if bad is not None:
+        raise SessionError(f"{what}[{bad}] is {type(rows[bad]).__name__}, not a dict of columns")
+    return [dict(r) for r in rows]
+
+
+def _fields(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The dataset config fields that read these rows (the first row decides)."""
+    cols = set(rows[0])
+    if "answer" not in cols:
+        raise SessionError(
+            f"dataset rows need an 'answer' column (the reference passed to the reward); they have {sorted(cols)}"
+        )
+    if "messages" in cols:
+        return {"messages_field": "messages", "answer_field": "answer"}
+    for name in ("prompt", "question"):
+        if name in cols:
+            return {"prompt_field": name, "answer_field": "answer"}
+    raise SessionError(
+        f"dataset rows need a 'messages' (chat) or 'prompt'/'question' (text) column; they have {sorted(cols)}"
+    )
+
+
+def _write_jsonl(splits: dict[str, list[dict[str, Any]]], root: Path) -> dict[str, Path]:
+    """Write each split once under ``root/<content hash>/`` and return the paths."""
+    body = {
+        name: "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
+        for name, rows in splits.items()
+    }
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    folder = root / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, text in body.items():
+        path = folder / f"{name}.jsonl"
+        if not path.exists():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+        paths[name] = path.resolve()
+    return paths
+
+
+def dataset_tree(dataset: Any, eval_dataset: Any, *, seed: int, root: Path = DATASETS_DIR) -> dict[str, Any]:
+    """The ``dataset`` config section for ``dataset`` (module docstring)."""
+    if isinstance(dataset, (str, Path)):
+        tree: dict[str, Any] = {"kind": "files", "path": str(dataset)}
+        if eval_dataset is not None:
+            if not isinstance(eval_dataset, (str, Path)):
+                raise SessionError("with a dataset path, eval_dataset must be a path too")
+            tree["path"] = f"train={dataset},test={eval_dataset}"
+        return tree
+    if hasattr(dataset, "keys") and hasattr(dataset, "column_names") and not hasattr(dataset, "to_list"):
+        if "train" not in dataset:  # a DatasetDict
+            raise SessionError(f"a DatasetDict needs a 'train' split; it has {sorted(dataset.keys())}")
+        eval_dataset = eval_dataset if eval_dataset is not None else dataset.get("test")
+        dataset = dataset["train"]
+    train = _rows(dataset, "dataset")
+    if eval_dataset is not None:
+        test = _rows(eval_dataset, "eval_dataset")
+    else:
+        if len(train) < 2:
+            raise SessionError("dataset needs at least 2 rows to hold some out, or pass eval_dataset")
+        order = list(range(len(train)))
+        random.Random(seed).shuffle(order)
+        n_test = min(MAX_HELD_OUT, max(1, len(train) // 10))
+        held = set(order[:n_test])
+        test = [r for i, r in enumerate(train) if i in held]
+        train = [r for i, r in enumerate(train) if i not in held]
+    paths = _write_jsonl({"train": train, "test": test}, root)
+    return {
+        "kind": "files",
+        "path": f"train={paths['train']},test={paths['test']}",
+        "format": "json",
+        "train_split": "train",
+        "eval_split": "test",
+        **_fields(train),
+    }
+
+
+def reward_spec(reward_fn: Callable[..., float] | str) -> str:
+    """The import string for ``reward_fn``: its own name when importable, else an in-process one."""
+    if isinstance(reward_fn, str):
+        return reward_fn
+    try:
+        return reward_fn_name(reward_fn)
+    except Exception:  # defined in a notebook cell, a lambda, a closure: this process only
+        return register_reward(reward_fn)
+
+
+class RLRun:
+    """One trial, driven from Python (module docstring).
+
+    Args:
+        model: a Hugging Face model directory (sets ``model.path``; None keeps the config's).
+        dataset: rows, a ``datasets.Dataset``/``DatasetDict`` or a file path (None keeps the config's).
+        reward_fn: a callable or ``"pkg.module:name"`` (None keeps the config's).
+        config: a YAML path, an ``ExperimentConfig`` or a dict of settings.
+        eval_dataset: held-out rows (default: a seeded tenth of ``dataset``, at most 200).
+        trial: the trial name (default: a new one per ``train()``, as the CLI does).
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        dataset: Any = None,
+        reward_fn: Callable[..., float] | str | None = None,
+        config: str | Path | ExperimentConfig | Mapping[str, Any] | None = None,
+        *,
+        eval_dataset: Any = None,
+        trial: str | None = None,
+    ) -> None:
+        if isinstance(config, ExperimentConfig):
+            tree = to_dict(config)
+        elif isinstance(config, Mapping):
+            tree = _dotted_to_tree(config)
+        elif config is not None:
+            tree = to_dict(load_config(config))
+        else:
+            tree = {}
+        if model is not None:
+            tree.setdefault("model", {}).update(path=str(Path(model).resolve()), bootstrap_tiny=False)
+        seed = int(tree.get("seed", ExperimentConfig().seed))
+        if dataset is not None:
+            section = tree.setdefault("dataset", {})
+            section.update(dataset_tree(dataset, eval_dataset, seed=seed))
+        if reward_fn is not None:
+            tree.setdefault("dataset", {})["reward_fn"] = reward_spec(reward_fn)
+        if trial is not None:
+            tree["trial"] = trial
+        self.settings: ExperimentConfig = load_config(data=tree)
+        self.trial: str | None = trial
+        self.summary: dict[str, Any] | None = None
+
+    @property
+    def in_process_reward(self) -> bool:
+        return is_in_process(self.settings.dataset.reward_fn)
+
+    def _cfg(self) -> ExperimentConfig:
+        return self.settings if self.trial is None else dataclasses.replace(self.settings, trial=self.trial)
+
+    def train(self, *, resume: bool = False) -> dict[str, Any]:
+        """Run the ``async-rl`` flow in this process; returns its summary (and remembers the trial)."""
+        from flows.async_rl import async_rl
+        from flows.local_api import local_prefect_api
+
+        with local_prefect_api():
+            summary = async_rl(settings=self.settings, trial=self.trial, resume=resume)
+        self.trial, self.summary = summary["trial"], summary
+        return summary
+
+    def evaluate(self, version: int = -1, split: str | None = None) -> dict[str, Any]:
+        """Score checkpoint ``version`` (-1 = the latest) of this run's trial (the ``evaluate`` flow)."""
+        if self.trial is None:
+            raise SessionError("this RLRun has no trial yet: call train() first, or pass trial=")
+        from flows.evaluate import evaluate
+        from flows.local_api import local_prefect_api
+
+        with local_prefect_api():
+            return evaluate(config=None, settings=self._cfg(), version=version, split=split)
+
+    def trajectories(self, limit: int = 20) -> Any:
+        """The newest ``limit`` trajectories from the shards (a pandas DataFrame when pandas is there)."""
+        if self.trial is None:
+            raise SessionError("this RLRun has no trial yet: call train() first, or pass trial=")
+        from rollflow.rollout.inspect import sample_trajectories
+        from storage.fs import Storage
+
+        cfg = self._cfg()
+        storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+        rows = sample_trajectories(storage, cfg.model.path, limit=limit)
+        try:
+            import pandas as pd
+        except ImportError:
+            return rows
+        return pd.DataFrame(rows)
+
+    def submit(self, deployment: str = "async-rl/local", *, wait: bool = False) -> Any:
+        """Start a run of ``deployment`` with these settings; returns the flow run (finished if ``wait``)."""
+        if self.in_process_reward:
+            raise SessionError(
+                f"the reward {self.settings.dataset.reward_fn!r} was defined in this process (a notebook "
+                "cell, a lambda or a closure), so a deployment's flow run cannot call it: define it at "
+                "the top level of an importable module and pass it (or 'pkg.module:name'), or use train()"
+            )
+        from prefect.deployments import run_deployment
+
+        params: dict[str, Any] = {"settings": to_dict(self.settings)}
+        if self.trial is not None:
+            params["trial"] = self.trial
+        return run_deployment(deployment, parameters=params, timeout=None if wait else 0)
