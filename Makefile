@@ -33,9 +33,10 @@ install: $(STAMP)
 
 # The hard task (configs/tiny_hard.yaml: held-out problems outside the warm start's support, sparse reward);
 # DEMO_CONFIG=configs/tiny_cpu.yaml is the 1-minute smoke test, configs/tiny_hard2.yaml a second (slower) hard family.
+# A new trial per demo; continue one with `.venv/bin/rollflow resume NAME --config $(DEMO_CONFIG)`.
+# It prints the run's milestones (a line per 10 % of training) and the summary; ARGS=-v prints every step.
 DEMO_CONFIG ?= configs/tiny_hard.yaml
 demo: install  ## bootstrap the tiny model and run async GRPO on the embedded default
-	# a new trial per demo; continue one with `.venv/bin/rollflow resume NAME --config $(DEMO_CONFIG)`
 	$(PY) -m flows.async_rl --config $(DEMO_CONFIG) $(ARGS)
 
 test: install trl-venv  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)

@@ -10,7 +10,7 @@ as `train` and `rollout` deployment runs on their work pools, sharing the storag
 A trial is whole once it is finalized (final evaluation, registry decision, MLflow run ended, then
 FINALIZED.json: ``tasks/finalize.py``); resuming a trial stopped after training runs what it missed.
 
-Run it:  python -m flows.async_rl --config configs/tiny_cpu.yaml train.steps=20
+Run it:  python -m flows.async_rl --config configs/tiny_cpu.yaml train.steps=20    (-v: every step)
    or:   prefect deployment run 'async-rl/local' --param overrides='["train.steps=20"]'
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 import threading
@@ -27,6 +28,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.console import VERBOSE_HELP
 from flows.distributed import run_distributed
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.parameter_secrets import refuse_secret_overrides_for_other_processes
@@ -36,6 +38,7 @@ from tasks.evaluate import eval_loop, evaluate_policy
 from tasks.finalize import finalize_trained, finish_tracking, publish_summary, record_finalized
 from tasks.lineage import run_lineage
 from tasks.loops import join_loops
+from tasks.progress import RunProgress
 from tasks.rollout import rollout_loop
 from tasks.runtime import (
     config_data,
@@ -76,17 +79,28 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
         pids={"flow": os.getpid(), **servers.pids()},
     )
     timing: dict[str, Any] = {}
+    # one line per 10 % of the run from what every loop logs (tasks/progress.py); the loops' own
+    # per-step and per-evaluation lines are DEBUG
+    progress = RunProgress(sink, cfg.train.steps, say=logger.info)
     try:
-        before = evaluate_policy(cfg, servers.addresses, label="before", min_version=0, metrics=sink)
+        before = evaluate_policy(cfg, servers.addresses, label="before", min_version=0, metrics=progress)
         reporter.start()
         train_f = train_loop.submit(
-            cfg, metrics=sink, stop_event=stop, pause_addresses=servers.addresses, timeline=timeline
-        )
+            cfg, metrics=progress, stop_event=stop, pause_addresses=servers.addresses, timeline=timeline,
+            report_progress=False,
+        )  # fmt: skip
         rollout_f = rollout_loop.submit(
-            cfg, servers.addresses, metrics=sink, stop_event=stop, fleet=servers, timeline=timeline,
+            cfg, servers.addresses, metrics=progress, stop_event=stop, fleet=servers, timeline=timeline,
             writer_name=writer_name_for(0),  # the trial's one worker: a resumed run adopts its open blocks
         )  # fmt: skip
-        evals_f = eval_loop.submit(cfg, servers.addresses, metrics=sink, stop_event=stop, timeline=timeline)
+        evals_f = eval_loop.submit(
+            cfg,
+            servers.addresses,
+            metrics=progress,
+            stop_event=stop,
+            timeline=timeline,
+            log_level=logging.DEBUG,
+        )
         done = join_loops({"train-loop": train_f, "rollout-loop": rollout_f, "eval-loop": evals_f}, stop)
         train, rollout = done["train-loop"], done["rollout-loop"]
         figures = reporter.stop()
@@ -97,6 +111,7 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
         )
     finally:
         stop.set()
+        progress.close()
         for f in futures:  # let the loops record their final state before the process goes
             f.wait(timeout=cfg.orchestration.stop_timeout_s)
         reporter.stop()
@@ -273,14 +288,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--trial", default=None, help="trial name (default: a new one)")
     parser.add_argument("--resume", action="store_true", help="continue the named trial")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=20")
     args = parser.parse_args(argv)
-    return run_command(args.config, args.overrides, trial=args.trial, resume=args.resume)
+    return run_command(
+        args.config, args.overrides, trial=args.trial, resume=args.resume, verbose=args.verbose
+    )
 
 
-def run_command(config: str, overrides: list[str], *, trial: str | None, resume: bool) -> int:
+def run_command(
+    config: str, overrides: list[str], *, trial: str | None, resume: bool, verbose: bool = False
+) -> int:
     """Run the flow in this process (a private Prefect API unless ``PREFECT_API_URL`` is set) and print
-    its summary; Ctrl-C prints one line saying what was kept and how to resume (``flows.interrupt``)."""
+    its summary; the console shows the run's milestones (``flows.console``; ``verbose``: every step too).
+    Ctrl-C prints one line saying what was kept and how to resume (``flows.interrupt``)."""
+    from flows.console import run_console
     from flows.interrupt import INTERRUPTED_STATUS, kept_line, quiet_interrupt_logs, trial_for_command
     from flows.local_api import local_prefect_api
     from rollflow.configuration.parameter_secrets import secret_overrides_aside
@@ -288,7 +310,7 @@ def run_command(config: str, overrides: list[str], *, trial: str | None, resume:
     with secret_overrides_aside(overrides) as public:
         trial = trial_for_command(config, overrides, trial)
         try:
-            with quiet_interrupt_logs(), local_prefect_api():
+            with run_console(verbose=verbose), quiet_interrupt_logs(), local_prefect_api():
                 summary = async_rl(config=config, overrides=public, trial=trial, resume=resume)
         except KeyboardInterrupt:
             print(kept_line(trial, config, overrides, shown=public), file=sys.stderr)

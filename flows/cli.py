@@ -1,15 +1,18 @@
-"""The ``rollflow`` command: run, resume, evaluate and inspect trials, and plan the GPU path.
+"""The ``rollflow`` command: run, resume, evaluate, list and inspect trials, and plan the GPU path.
 
-    rollflow run [--config C] [--trial T] [dotted.overrides ...]     a new trial (or the named one)
-    rollflow resume TRIAL [--config C] [dotted.overrides ...]        continue TRIAL (a finished one: no-op)
+    rollflow run [--config C] [--trial T] [-v] [dotted.overrides ...]  a new trial (or the named one)
+    rollflow resume TRIAL [--config C] [-v] [dotted.overrides ...]     continue TRIAL (a finished one: no-op)
     rollflow eval --trial T [--config C] [--version V] [--split S]   score a checkpoint of T
+    rollflow ls [--config C] [experiment=E ...]                      the trials: status, version, best accuracy
     rollflow inspect [--config C] [trial=T ...] [--min-reward R] [--version LO:HI] [--prompt TEXT]
     rollflow plan [--config configs/gsm8k_qwen.yaml] --image IMG    the GPU path, resolved without a GPU
 
 ``run``, ``resume`` and ``eval`` run the flows in this process: against ``PREFECT_API_URL`` when it is
 set (the runs show in that server's UI), else against a private API server that dies with this process.
 To run on a worker instead, use ``prefect deployment run 'async-rl/local'`` (docs/operations.md).
-``inspect`` reads storage only and never imports Prefect, so it answers in about a second.
+``ls`` and ``inspect`` read storage only and never import Prefect, so they answer in about a second;
+``inspect`` on a trial that is not stored says ``no such trial: ...`` (status 2), which is not what it
+says when the filters match nothing.
 
 A command line that cannot work (an unknown config key, a trial that holds no data for ``resume`` or
 already holds some for ``run --trial``, a checkpoint that is not there, ``plan`` without an image) ends
@@ -28,8 +31,10 @@ import json
 import os
 import sys
 
+from flows.console import VERBOSE_HELP
 from flows.preflight import CommandError, check_checkpoint, check_trial
 from rollflow.api.errors import ConfigError
+from rollflow.configuration.loader import load_config
 from storage.errors import CheckpointNotFoundError
 
 DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
@@ -40,7 +45,7 @@ def _run(args: argparse.Namespace, *, resume: bool) -> int:
     check_trial(args.config, args.overrides, trial=args.trial, resume=resume)
     from flows.async_rl import run_command
 
-    return run_command(args.config, args.overrides, trial=args.trial, resume=resume)
+    return run_command(args.config, args.overrides, trial=args.trial, resume=resume, verbose=args.verbose)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -52,6 +57,23 @@ def _eval(args: argparse.Namespace) -> int:
     with local_prefect_api(), secret_overrides_aside([*args.overrides, f"trial={args.trial}"]) as overrides:
         result = evaluate(config=args.config, overrides=overrides, version=args.version, split=args.split)
     print(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+def _ls(args: argparse.Namespace) -> int:
+    """The trials under the config's storage root and experiment (``storage.trial_list``)."""
+    from storage.trial_list import experiment_uri, format_trials, list_trials
+
+    cfg = load_config(args.config, args.overrides)
+    where = experiment_uri(cfg.storage.root, cfg.experiment, cfg.storage.options)
+    trials = list_trials(
+        cfg.storage.root, cfg.experiment, cfg.storage.options, active_within_s=cfg.rollout.worker_lease_s
+    )
+    if not trials:
+        print(f"no trial is stored under {where} (`rollflow run` starts one)")
+        return 0
+    print(format_trials(trials))
+    print(f"{len(trials)} trial(s) under {where}")
     return 0
 
 
@@ -84,11 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run async-rl on a new trial (or --trial NAME)")
     run.add_argument("--config", default=DEFAULT_CONFIG)
     run.add_argument("--trial", default=None, help="trial name (default: a new one)")
+    run.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=20")
 
     res = sub.add_parser("resume", help="continue a trial; a finished one is only reported")
     res.add_argument("trial")
     res.add_argument("--config", default=DEFAULT_CONFIG)
+    res.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     res.add_argument("overrides", nargs="*")
 
     ev = sub.add_parser("eval", help="score a committed checkpoint of a trial on the held-out split")
@@ -97,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--version", type=int, default=-1, help="checkpoint version (-1 = latest)")
     ev.add_argument("--split", default=None)
     ev.add_argument("overrides", nargs="*")
+
+    ls = sub.add_parser("ls", help="the trials stored: status, latest version, best held-out accuracy")
+    ls.add_argument("--config", default=DEFAULT_CONFIG)
+    ls.add_argument("overrides", nargs="*", help="dotted overrides, e.g. experiment=other storage.root=...")
 
     sub.add_parser(
         "inspect", help="decoded trajectories with filters (see `rollflow inspect -h`)", add_help=False
@@ -141,6 +169,8 @@ def _main(argv: list[str]) -> int:
         return _run(args, resume=True)
     if args.command == "eval":
         return _eval(args)
+    if args.command == "ls":
+        return _ls(args)
     return _plan(args)
 
 

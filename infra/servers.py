@@ -212,7 +212,7 @@ def start_servers(
     servers = []
     for i, (cmd, addr) in enumerate(zip(commands, addresses, strict=True)):
         log_path = log_root / f"{name}-{i}-{addr.replace(':', '_')}.log"
-        logger.info("starting %s: %s (log %s)", name, " ".join(redact_command(cmd)), log_path)
+        logger.debug("starting %s: %s (log %s)", name, " ".join(redact_command(cmd)), log_path)
         servers.append(ServerProcess(addr, _spawn(cmd, log_path, full_env), log_path, cmd))
     return ServerGroup(servers, shutdown_timeout_s=shutdown_timeout_s, env=full_env)
 

@@ -273,7 +273,7 @@ class CheckpointStore:
         if self.storage.exists(commit_key):
             existing = _parse_commit(self.storage.get_bytes(commit_key), version)
             self._check_same(existing, local_dir, names, known, version)
-            logger.info("checkpoint v%06d already committed with the same files", version)
+            logger.debug("checkpoint v%06d already committed with the same files", version)
             self._advance_latest(version)
             return self._ref(existing)
 
@@ -305,7 +305,7 @@ class CheckpointStore:
             doc = existing
         self._advance_latest(version)
         size = sum(f["size"] for f in files.values())
-        logger.info(
+        logger.debug(
             "published checkpoint v%06d: %d files, %.1f MiB in %.2fs",
             version,
             len(files),
@@ -580,7 +580,7 @@ class CheckpointStore:
                     f.result()
             (tmp / VERIFIED_MARKER).write_text(json.dumps({"version": version, "commit_sha256": commit_sha}))
             self._install(tmp, dest, doc, commit_sha)
-            logger.info("fetched checkpoint v%06d into %s in %.2fs", version, dest, time.perf_counter() - t0)
+            logger.debug("fetched checkpoint v%06d into %s in %.2fs", version, dest, time.perf_counter() - t0)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return dest
@@ -696,13 +696,13 @@ class CheckpointStore:
         seen = set(seen_acks)
         for v in sorted(victims):
             if v in committed_set and any(k not in seen for k in self.storage.list(keys.ack_dir(v))):
-                logger.info("checkpoint gc: keeping v%06d, a server acked it meanwhile", v)
+                logger.debug("checkpoint gc: keeping v%06d, a server acked it meanwhile", v)
                 continue
             self.storage.delete(keys.checkpoint_commit_key(v))  # un-commit first
             self.storage.delete(keys.checkpoint_dir(v), recursive=True)
             deleted.append(v)
         if deleted:
-            logger.info(
+            logger.debug(
                 "checkpoint gc: deleted %s (keep_last=%d, served floor=%s)", deleted, keep_last, floor
             )
         return deleted

@@ -329,6 +329,22 @@ class Storage:
             return os.stat(path).st_size
         return int(self.fs.info(path)["size"])
 
+    @scrubbing
+    def modified_at(self, key: str) -> float | None:
+        """When the object at `key` was last written (seconds since the epoch); None if it is absent or
+        the store does not say."""
+        path = self._path(key)
+        try:
+            if self.is_local:
+                return os.stat(path).st_mtime
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return None
+        stamp = info.get("LastModified", info.get("mtime"))
+        if hasattr(stamp, "timestamp"):  # s3fs: a datetime
+            return float(stamp.timestamp())
+        return float(stamp) if isinstance(stamp, (int, float)) else None
+
     # --- listing ------------------------------------------------------------------------------------------
 
     @scrubbing

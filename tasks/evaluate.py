@@ -5,11 +5,15 @@ served-version polling).
 
 ``evaluate_policy`` waits until every server serves at least ``min_version`` (so "after" really is the
 final policy), scores ``eval.n_prompts`` held-out prompts greedily and writes a Prefect table artifact.
-``eval_loop`` repeats that every ``eval.every_n_versions`` published versions until stopped.
+Every score is also recorded in the trial's storage as ``eval/v{N}.json`` (``record_eval``: version,
+accuracy, prompts, label), where ``rollflow ls`` finds a trial's best accuracy without MLflow.
+``eval_loop`` repeats that every ``eval.every_n_versions`` published versions until stopped; it logs
+each score at ``log_level`` (the embedded flow passes DEBUG: its progress lines carry the newest score).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -22,6 +26,28 @@ from rollflow.api.metrics import MetricsSink
 from rollflow.evaluation import EvalResult, arun_eval, served_version, wait_for_served_version
 from tasks.runtime import interrupted, run_sync
 from tasks.tracking import PrefixSink, table_artifact
+
+
+def record_eval(cfg: ExperimentConfig, result: EvalResult, label: str) -> None:
+    """Write ``eval/v{version}.json`` in the trial's storage (a rerun of a version replaces it)."""
+    import time
+
+    from storage import keys
+    from storage.fs import Storage
+
+    doc = {
+        "version": result.version,
+        "accuracy": result.accuracy,
+        "mean_reward": result.mean_reward,
+        "n": result.n,
+        "label": label,
+        "at": time.time(),
+    }
+    try:
+        storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+        storage.put_json(keys.eval_key(result.version), doc)
+    except Exception as exc:  # noqa: BLE001 (a record for listings: never the reason an evaluation fails)
+        get_run_logger().warning("could not record the evaluation of v%d: %s", result.version, exc)
 
 
 def run_eval(cfg: ExperimentConfig, addresses: list[str]) -> EvalResult:
@@ -52,6 +78,7 @@ def evaluate_policy(
     PrefixSink(metrics, "eval/").log(
         {"accuracy": result.accuracy, "mean_reward": result.mean_reward}, step=result.version
     )
+    record_eval(cfg, result, label)
     table_artifact(
         result.rows[:50],
         key=f"eval-{label}".replace("_", "-").lower(),
@@ -75,6 +102,7 @@ def eval_loop(
     metrics: MetricsSink | None = None,
     stop_event: threading.Event,
     timeline: Any = None,
+    log_level: int = logging.INFO,
 ) -> list[dict[str, Any]]:
     """Evaluate every ``eval.every_n_versions`` served versions until ``stop_event`` is set."""
     from rollflow.timing.clock import Timeline
@@ -101,7 +129,8 @@ def eval_loop(
         PrefixSink(metrics, "eval/").log(
             {"accuracy": result.accuracy, "mean_reward": result.mean_reward}, step=result.version
         )
-        get_run_logger().info("eval at v%d: accuracy %.3f", result.version, result.accuracy)
+        record_eval(cfg, result, "periodic")
+        get_run_logger().log(log_level, "eval at v%d: accuracy %.3f", result.version, result.accuracy)
         done.append({"version": result.version, "accuracy": result.accuracy})
         next_version = (served // every + 1) * every
     from storage.checkpoints import CheckpointStore

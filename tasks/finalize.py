@@ -62,7 +62,7 @@ def finish_tracking(
 ) -> dict[str, Any]:
     """Log the run's artifacts, then register the policy if the gate says so; returns summary fields."""
     from rollflow.rollout.inspect import sample_trajectories
-    from rollflow.tracking.registry import Incumbent, decide_registration
+    from rollflow.tracking.registry import decide_registration, incumbent_tags
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
 
@@ -83,7 +83,7 @@ def finish_tracking(
     incumbent = tracker.registry.incumbent()
     if incumbent is not None and summary.get("source_model_version") == incumbent.version:
         # the run started from the incumbent: its "before" score is the incumbent on this eval set
-        incumbent = Incumbent(incumbent.version, float(summary["eval_accuracy_before"]), incumbent.tags)
+        incumbent = incumbent.rescore(float(summary["eval_accuracy_before"]))
     decision = decide_registration(
         steps_trained=int(parts["train"].get("steps_run", 0)), eval_accuracy=after, incumbent=incumbent
     )
@@ -93,7 +93,7 @@ def finish_tracking(
         "rollflow.registry.detail": decision.detail,
     }
     if incumbent is not None:
-        tags["rollflow.registry.incumbent_version"] = incumbent.version
+        tags.update(incumbent_tags(incumbent))
     registered = None
     if decision.register:
         final = summary["final_version"]
@@ -103,6 +103,7 @@ def finish_tracking(
         version_tags = {
             "eval_accuracy": f"{after:.4f}",
             "registry_reason": decision.reason,
+            "registry_detail": decision.detail,
             **{k: v for k, v in run_lineage_tags(tracker).items()},
         }
         registry_version = tracker.register_checkpoint(local, version=final, extra_tags=version_tags)

@@ -136,7 +136,7 @@ def rollout_loop(
         metrics.log(timeline.metrics(), step=timeline.version)
     if fatal:
         raise ServerLostError(f"rollout stopped: {fatal[0]}")
-    logger.info("rollout finished: %s", summary)
+    logger.info("rollout finished: %s", summary.brief())
     out = dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)
     out["weight_updates"] = len(getattr(watcher, "events", []))
     if supervisor is not None:

@@ -5,7 +5,8 @@ What it is:
   embedded default: a bootstrapped or local model and a non-hub dataset), ``HF_HUB_OFFLINE`` and
   ``TRANSFORMERS_OFFLINE``; each is a ``setdefault``, so the user's environment wins.
 - ``resolve_config``: the typed config (a form in the Prefect UI) or a YAML path, plus dotted
-  overrides, validated into an ``ExperimentConfig`` and logged (secrets redacted). Parameters that hold
+  overrides, validated into an ``ExperimentConfig``, shown as the markdown artifact ``resolved-config``
+  and logged at DEBUG (secrets redacted; MLflow keeps it too, as params and an artifact). Parameters that hold
   a credential are refused (``SecretParameterError``: Prefect stores parameters in plain text); the
   overrides in ``$ROLLFLOW_SECRET_OVERRIDES`` (where the CLI puts secret ones) go on top.
 - ``name_flow_run``: renames the current flow run (``async-rl-{trial}``) once the trial is known.
@@ -88,7 +89,14 @@ def resolve_config(
     refuse_secret_parameters(overrides or [], data)
     secret = env_secret_overrides()
     cfg = load_config(None if data is not None else config, [*(overrides or []), *secret], data=data)
-    get_run_logger().info("resolved config (secrets redacted):\n%s", to_yaml(cfg))
+    text = to_yaml(cfg)  # secrets redacted
+    get_run_logger().debug("resolved config (secrets redacted):\n%s", text)
+    try:
+        from tasks.tracking import markdown_artifact
+
+        markdown_artifact(f"```yaml\n{text}```\n", key="resolved-config", description="The resolved config")
+    except Exception as exc:  # noqa: BLE001 (a UI nicety: never the reason a run fails)
+        get_run_logger().debug("resolved-config artifact not created: %s", exc)
     return cfg
 
 

@@ -1,7 +1,9 @@
 """Task: the train loop (long-lived). Builds storage + Trainer from config and runs it to the end.
 
 For the synchronous baseline (rollout.pause_during_training) it pauses the inference servers while a
-step runs, through the SGLang control routes.
+step runs, through the SGLang control routes. Run on its own (a ``train`` deployment run) it reports
+progress itself (``tasks/progress.py``); the embedded flow reports it for all its loops and says so with
+``report_progress=False``.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.metrics import MetricsSink
+from tasks.progress import RunProgress
 from tasks.runtime import interrupted
-from tasks.tracking import PrefixSink, ProgressSink
+from tasks.tracking import PrefixSink
 
 
 class PauseServersHooks:
@@ -42,6 +45,7 @@ def train_loop(
     stop_event: threading.Event | None = None,
     pause_addresses: list[str] | None = None,
     timeline: Any = None,
+    report_progress: bool = True,
 ) -> dict[str, Any]:
     from rollflow.timing.clock import Timeline
     from rollflow.training.trainer import Trainer
@@ -53,7 +57,8 @@ def train_loop(
     hooks = None
     if cfg.rollout.pause_during_training and pause_addresses:
         hooks = PauseServersHooks(pause_addresses, cfg.inference.api_key)
-    sink = ProgressSink(PrefixSink(metrics, "train/"), cfg.train.steps)
+    progress = RunProgress(metrics, cfg.train.steps, say=logger.info) if report_progress else None
+    sink = PrefixSink(progress if progress is not None else metrics, "train/")
     own_timeline = timeline is None  # a deployment run (distributed mode): this process's own accounting
     timeline = timeline if timeline is not None else Timeline()
     trainer = Trainer(cfg, storage, metrics=sink, stop_event=stop_event, hooks=hooks, timeline=timeline)
@@ -61,11 +66,12 @@ def train_loop(
         summary = trainer.run()
     finally:
         stop_event.set()  # whatever happened, the other loops must not wait for more versions
+        if progress is not None:
+            progress.close()
     if own_timeline and metrics is not None:
         metrics.log(timeline.metrics(), step=trainer.version)
     out = dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)
     if out.get("stopped") and not out.get("done"):
         logger.warning("training interrupted at version %s", out.get("final_version"))
         return interrupted(out, f"training stopped at version {out.get('final_version')} before train.steps")
-    logger.info("training finished: %s", summary)
-    return out
+    return out  # the trainer said "training finished: ..." (a core line, in this run's logs too)

@@ -371,6 +371,15 @@ class RolloutConfig:
             "counted as rollout/rejected_filtered. Applied before should_accept_fn when both are set."
         ),
     )
+    zero_variance_skip_prob: float = field(
+        default=0.0,
+        metadata=_help(
+            "Before generating, skip a prompt whose last group had all-equal rewards (all right or all "
+            "wrong: zero GRPO advantage) with this probability; it is released, never generated, counted "
+            "as rollout/rejected_skipped, and revisited in a later epoch (rollflow/rollout/prompt_filter.py). "
+            "0 = off; must be < 1."
+        ),
+    )
     claim_block_size: int = field(
         default=4,
         metadata=_help(
@@ -398,6 +407,11 @@ class RolloutConfig:
         _check(self.shard_flush_rows >= 1, "rollout.shard_flush_rows", "must be >= 1")
         _check(self.shard_flush_seconds > 0, "rollout.shard_flush_seconds", "must be > 0")
         _check(self.reward_workers >= 1, "rollout.reward_workers", "must be >= 1")
+        _check(
+            0.0 <= self.zero_variance_skip_prob < 1.0,
+            "rollout.zero_variance_skip_prob",
+            "must be in [0, 1) (1 would never revisit a skipped prompt)",
+        )
         _check(self.reward_timeout_s > 0, "rollout.reward_timeout_s", "must be > 0")
         _check(0 < self.max_failure_rate <= 1, "rollout.max_failure_rate", "must be in (0, 1]")
         if self.max_epochs is not None:

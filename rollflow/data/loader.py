@@ -382,7 +382,7 @@ def load_prompts(
         if cfg.system_prompt:
             for r in records:
                 r["messages"].insert(0, {"role": "system", "content": cfg.system_prompt})
-        logger.info("synthetic split %r: %d prompts", split, len(records))
+        logger.debug("synthetic split %r: %d prompts", split, len(records))
         return list(records)
     dataset = _load_raw(cfg, split, storage_options)
     if cfg.max_rows is not None and len(dataset) > cfg.max_rows:
@@ -392,5 +392,5 @@ def load_prompts(
         rows = map_rows(cfg, dataset, split, columns=list(dataset.column_names), source=f"dataset {source!r}")
     except UnicodeDecodeError as exc:  # pyarrow's JSON reader keeps invalid UTF-8 until rows are read
         raise _file_error(source, cfg.format, split, exc) from exc
-    logger.info("dataset %r split %r: %d prompts", source, split, len(rows))
+    logger.debug("dataset %r split %r: %d prompts", source, split, len(rows))
     return rows

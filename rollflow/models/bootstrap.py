@@ -41,6 +41,7 @@ Run it::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -51,6 +52,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
 
@@ -215,7 +217,7 @@ def warm_start(
         opt.step()
         losses.append(loss.item())
         if (step + 1) % 100 == 0:
-            logger.info("warm start step %d/%d loss %.4f", step + 1, steps, losses[-1])
+            logger.debug("warm start step %d/%d loss %.4f", step + 1, steps, losses[-1])
     model.eval()
     tail = losses[-20:] or [float("nan")]
     return {"final_loss": sum(tail) / len(tail), "first_loss": losses[0] if losses else float("nan")}
@@ -240,6 +242,19 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def _build(cfg: TinyModelConfig, target: Path, seed: int, task: SyntheticTaskName) -> dict[str, Any]:
     """Write the model, tokenizer and marker into ``target`` (a fresh directory)."""
     t0 = time.monotonic()
@@ -251,7 +266,8 @@ def _build(cfg: TinyModelConfig, target: Path, seed: int, task: SyntheticTaskNam
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.bos_token_id = model.config.bos_token_id
         stats = warm_start(model, tokenizer, cfg, seed=seed, task=task) if cfg.warm_start_steps > 0 else {}
-    model.save_pretrained(target)
+    with _no_progress_bar():  # transformers draws a "Writing model shards" bar even into a log file
+        model.save_pretrained(target)
     tokenizer.save_pretrained(target)
     seconds = time.monotonic() - t0
     marker = {
@@ -302,7 +318,7 @@ def bootstrap_tiny_model(
     key = marker_key(cfg, seed, task)
     marker = read_marker(out)
     if marker is not None and marker.get("key") == key:
-        logger.info("tiny model at %s is current (task %s, seed %d); not rebuilding", out, task, seed)
+        logger.debug("tiny model at %s is current (task %s, seed %d); not rebuilding", out, task, seed)
         return out
     if out.exists() and marker is None and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(

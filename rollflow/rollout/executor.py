@@ -8,6 +8,8 @@ each finished episode:
 - failed   -- ``arun_episode`` raised or returned a malformed group: counted and logged; above
               ``max_failure_rate`` (after ``min_episodes_for_failure``) -> ``RolloutFailureError``
               quoting the first traceback;
+- skipped  -- before it starts: the ``prompt_filter`` (``rollflow.rollout.prompt_filter``) says the
+              prompt's last group had no reward variance; released at once, never generated;
 - rejected -- None, an empty group, ``should_accept_fn(group)`` is False, or stale:
               ``head_version < max(version, accepted // B) - max_staleness``, i.e. the oldest-first
               trainer would eat it more than ``max_staleness`` versions after its first token
@@ -44,12 +46,14 @@ from rollflow.api.stores import ShardSink
 from rollflow.api.workflow import RolloutWorkflow, import_string
 from rollflow.rollout.executor_stats import ExecutorStats
 from rollflow.rollout.ordered_writer import OrderedWriter
+from rollflow.rollout.prompt_filter import ZeroVarianceSkip
 from rollflow.rollout.staleness import StalenessManager
 from storage.schema import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 
-RejectReason = Literal["none", "empty", "filtered", "stale"]
+RejectReason = Literal["none", "empty", "filtered", "stale", "skipped"]
+_MAX_SKIPS_PER_CALL = 256  # skipped rows pulled in one call before the scheduler gets the loop back
 ShouldAcceptFn = Callable[[TrajectoryGroup], bool]
 
 
@@ -78,6 +82,7 @@ class WorkflowExecutor:
         max_write_failures: int = 5,
         on_flush: Callable[[WorkflowExecutor], None] | None = None,
         collect: bool | None = None,
+        prompt_filter: ZeroVarianceSkip | None = None,
     ) -> None:
         """``writer`` gets accepted groups (calls made in order on one worker thread); ``version_fn``
         defaults to ``client.get_version``; ``should_accept_fn`` is ``fn(group) -> bool`` or its import
@@ -85,7 +90,8 @@ class WorkflowExecutor:
         ``min_episodes_for_failure`` finished episodes raised, or after ``max_write_failures`` failed
         writer calls in a row; ``poll_interval_s`` bounds the wait between capacity checks (a new
         version re-opens capacity); ``on_flush(executor)`` runs on the loop thread after each commit;
-        ``collect`` keeps accepted groups for ``wait``/``prepare_batch`` (default: when no writer).
+        ``collect`` keeps accepted groups for ``wait``/``prepare_batch`` (default: when no writer);
+        ``prompt_filter`` skips fed rows (by ``data["prompt_id"]``) before they start.
         """
         if not 0 < max_failure_rate <= 1:
             raise ValueError(f"max_failure_rate must be in (0, 1], got {max_failure_rate}")
@@ -98,6 +104,7 @@ class WorkflowExecutor:
         self.poll_interval_s, self.max_write_failures = poll_interval_s, max_write_failures
         self._on_flush = on_flush
         self._collect = writer is None if collect is None else collect
+        self.prompt_filter = prompt_filter
         self.stats = ExecutorStats()
 
         # Loop-thread state (only touched from the loop once started).
@@ -307,18 +314,24 @@ class WorkflowExecutor:
     def _next_input(self) -> tuple[Hashable, dict[str, Any], asyncio.Future | None] | None:
         if self._inputs:
             return self._inputs.popleft()
-        if self._source is None:
-            return None
-        try:
-            item = next(self._source)
-        except StopIteration:
-            self._source = None
-            return None
-        if item is None:  # the source has nothing that may start now; ask again on a later tick
-            return None
-        key, data = item
-        self.staleness.on_rollout_enqueued()
-        return key, data, None
+        for _ in range(_MAX_SKIPS_PER_CALL):
+            if self._source is None:
+                return None
+            try:
+                item = next(self._source)
+            except StopIteration:
+                self._source = None
+                return None
+            if item is None:  # the source has nothing that may start now; ask again on a later tick
+                return None
+            key, data = item
+            if self.prompt_filter is not None and self.prompt_filter.skip(str(data.get("prompt_id"))):
+                # never generated: it takes no capacity, and counts as released (the claim log's bound)
+                self.stats.rejected["skipped"] += 1
+                continue
+            self.staleness.on_rollout_enqueued()
+            return key, data, None
+        return None  # many skips in a row: let the scheduler breathe, go on next tick
 
     def _has_input(self) -> bool:
         return bool(self._inputs) or self._source is not None
@@ -403,6 +416,8 @@ class WorkflowExecutor:
         if group is not None:
             self.stats.tokens += sum(sum(r.loss_mask) for r in group.rows)
             self.stats.completions += len(group.rows)
+            if self.prompt_filter is not None and group.rows:
+                self.prompt_filter.observe(group.prompt_id, group.rewards)
         version = int(self._version_fn())
         reason = self._judge(group, version)
         if reason is not None:
@@ -461,10 +476,11 @@ class WorkflowExecutor:
         s = self.stats
         if not s.failed:
             return
-        rate = s.failed / s.finished
-        if s.finished >= self.min_episodes_for_failure and rate > self.max_failure_rate:
+        ran = s.finished - s.rejected.get("skipped", 0)  # skipped rows never ran
+        rate = s.failed / ran
+        if ran >= self.min_episodes_for_failure and rate > self.max_failure_rate:
             raise RolloutFailureError(
-                f"{s.failed} of {s.finished} rollout episodes raised ({rate:.0%} > "
+                f"{s.failed} of {ran} rollout episodes raised ({rate:.0%} > "
                 f"rollout.max_failure_rate={self.max_failure_rate:.0%}); first failure:\n{s.first_failure}"
             )
 

@@ -8,6 +8,8 @@ What it is: ``read_trajectories(storage, tokenizer=..., limit=...)`` returns one
         [--tokenizer runs/models/tiny] [--limit 20] [--oldest] [--storage-option endpoint_url=http://...]
 
 With ``--config`` the store, experiment, trial and tokenizer (``model.path``) come from the config.
+A trial that holds nothing is ``no such trial: ...`` on stderr (status 2, with the trials that are there);
+a trial without committed trajectories, or filters that match none, say so on stdout (status 1).
 Filters: ``--min-reward`` / ``--max-reward``, ``--version V`` or ``--version LO:HI`` (the row's first
 policy version, ``head_version``) and ``--prompt TEXT`` (a substring of the decoded prompt). Rows are
 read newest commit first and reading stops once ``limit`` rows match; the version filter also skips
@@ -181,6 +183,16 @@ def format_table(rows: Sequence[dict[str, Any]], *, width: int = 48) -> str:
     return "\n".join(lines)
 
 
+def no_such_trial(root: str, experiment: str, trial: str, options: dict[str, Any]) -> str:
+    """The message for a trial name that holds nothing: the trials that are there, and how to list them."""
+    from storage.trial_list import experiment_uri, trial_names
+
+    names = trial_names(root, experiment, options)
+    there = "trials there: " + ", ".join(names[-10:]) if names else "no trial is stored there"
+    more = f" (and {len(names) - 10} more)" if len(names) > 10 else ""
+    return f"no such trial: {trial} under {experiment_uri(root, experiment, options)}; {there}{more} (`rollflow ls` lists them)"
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m rollflow.rollout.inspect") -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--config", default=None, help="experiment YAML: store, experiment, trial and tokenizer")
@@ -230,6 +242,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m rollflow.rollout.
         lo, hi = parse_versions(args.version) if args.version else (None, None)
     except ValueError as exc:
         p.error(str(exc))
+    if not storage.list_dirs(""):  # nothing stored under that name: the name, not the filters, is wrong
+        sys.stderr.write(
+            f"{prog}: error: {no_such_trial(args.storage_root, args.experiment, args.trial, options)}\n"
+        )
+        return 2
     where = RowFilter(args.min_reward, args.max_reward, lo, hi, args.prompt)
     rows = read_trajectories(
         storage, tokenizer=args.tokenizer, limit=args.limit or None, newest_first=not args.oldest, where=where
@@ -239,7 +256,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m rollflow.rollout.
         sys.stdout.write(
             "no committed trajectory matches the filters\n"
             if stored
-            else f"no committed trajectories under {storage.root_uri} (check the trial name)\n"
+            else f"trial {args.trial} holds no committed trajectories yet ({storage.root_uri})\n"
         )
         return 1
     sys.stdout.write(format_table(rows, width=args.width) + "\n")

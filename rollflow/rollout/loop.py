@@ -52,6 +52,7 @@ from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.workflow import RolloutWorkflow, import_string, resolve_workflow
 from rollflow.rollout.executor import WorkflowExecutor
 from rollflow.rollout.filters import build_should_accept
+from rollflow.rollout.prompt_filter import ZeroVarianceSkip
 from rollflow.rollout.prompt_source import ClaimedPrompts
 from rollflow.rollout.staleness import StalenessListener, StalenessManager
 from rollflow.rollout.supply import bounded_supply_warning
@@ -60,7 +61,7 @@ from storage import keys
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
 from storage.group_ledger import GroupLedger, LedgerView
-from storage.prompt_claims import ClaimLog
+from storage.prompt_claims import ClaimLog, takeover_key
 from storage.shard_writer import ShardWriter
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,14 @@ class RolloutSummary:
     shards: int
     bad_rows: int
     writer: str
+
+    def brief(self) -> str:
+        """One line for a log."""
+        return (
+            f"{self.accepted} groups accepted ({self.rejected} rejected, {self.failed} failed), "
+            f"{self.tokens} tokens at {self.tokens_per_s:.0f} tok/s in {self.elapsed_s:.1f} s, "
+            f"{self.shards} shards; stopped by {self.stopped_by}"
+        )
 
 
 # --- data ---------------------------------------------------------------------------------------------
@@ -289,18 +298,26 @@ async def run_rollout_loop(
         on_claim=on_claim,
     )
     tried: set[tuple[int, int]] = set()
+    own_life = re.compile(rf"^{re.escape(writer_name)}-[0-9a-f]{{8}}$")  # writer ids of this worker's lives
 
-    def adopt_blocks(blocks: dict[str, Any]) -> None:
+    def adopt_blocks(blocks: dict[str, Any], own: bool = False) -> None:
         for b, info in blocks.items():
             block, gen = int(b), int(info["gen"]) + 1
-            if (block, gen) in tried:
-                continue
-            tried.add((block, gen))
-            if claims.try_take_over(block, gen, writer.writer_id):
-                source.adopt(block, gen, [int(p) for p in info["open"]])
+            while (block, gen) not in tried:
+                tried.add((block, gen))
+                if claims.try_take_over(block, gen, writer.writer_id):
+                    source.adopt(block, gen, [int(p) for p in info["open"]])
+                    break
+                # An earlier life of this worker took the block over and was killed before its state file
+                # said so: the block is still this worker's, so take the next generation (else its open
+                # prompts would never run). Another worker's takeover (a lease expiry) wins.
+                if not (own and own_life.match(_taken_over_by(storage, block, gen))):
+                    break
+                gen += 1
 
-    await asyncio.to_thread(adopt_blocks, state.get("blocks", {}))  # this worker's earlier life
-    logger.info(
+    await asyncio.to_thread(adopt_blocks, state.get("blocks", {}), True)  # this worker's earlier life
+    logger.log(  # a line worth reading on a resume (what was restored and adopted), chatter otherwise
+        logging.INFO if committed or source.adopted else logging.DEBUG,
         "rollout %s (%s) starts: %d rows (%d bad), %d groups committed (%d credited), next block %d, "
         "%d block(s) adopted",
         writer_name,
@@ -347,6 +364,11 @@ async def run_rollout_loop(
         should_accept_fn=build_should_accept(cfg.rollout.dynamic_sampling, cfg.rollout.should_accept_fn),
         max_failure_rate=cfg.rollout.max_failure_rate,
         on_flush=on_flush,
+        prompt_filter=(
+            ZeroVarianceSkip(cfg.rollout.zero_variance_skip_prob, seed=cfg.seed)
+            if cfg.rollout.zero_variance_skip_prob > 0
+            else None
+        ),
     )
     await asyncio.to_thread(sync)
     done_store = CheckpointStore(storage)
@@ -410,7 +432,7 @@ async def run_rollout_loop(
         bad_rows=bad_rows,
         writer=writer.writer_id,
     )
-    logger.info("rollout %s stopped (%s): %s", writer_name, summary.stopped_by, summary)
+    logger.debug("rollout %s stopped (%s): %s", writer_name, summary.stopped_by, summary)
     return summary
 
 
@@ -430,6 +452,15 @@ def _own_groups(view: LedgerView, name: str) -> int:
     """Committed groups of every incarnation of worker ``name`` (writer ids ``{name}-{8 hex}``)."""
     own = re.compile(rf"^{re.escape(name)}-[0-9a-f]{{8}}$")
     return sum(n for w, n in view.by_writer.items() if own.match(w))
+
+
+def _taken_over_by(storage: Storage, block: int, gen: int) -> str:
+    """The writer id that took over ``block`` for generation ``gen`` ("" if unreadable)."""
+    try:
+        doc = storage.get_json(takeover_key(block, gen))
+    except (FileNotFoundError, ValueError):
+        return ""
+    return str(doc.get("by", "")) if isinstance(doc, dict) else ""
 
 
 def _load_state(storage: Storage, key: str) -> dict[str, Any]:

@@ -289,7 +289,11 @@ class StalenessManager:
             self._restored = self._global_accepted = accepted
             self._global_credited, self._own_visible, self._evicted = credited, 0, 0
             new, version = self._stat, self._last_version
-        logger.info(
-            "staleness counters restored: accepted=%d credited=%d rejected=%d", accepted, credited, rejected
+        logger.log(  # a fresh start restores zeros: not worth a line
+            logging.INFO if accepted or credited or rejected else logging.DEBUG,
+            "staleness counters restored: accepted=%d credited=%d rejected=%d",
+            accepted,
+            credited,
+            rejected,
         )
         self._emit("restored", new, version)

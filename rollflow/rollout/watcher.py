@@ -150,6 +150,7 @@ class CheckpointWatcher:
         dead_server_timeout_s: float = 60.0,
         on_fatal: Callable[[str], None] | None = None,
         clock: RoleClock | None = None,
+        update_log_level: int = logging.DEBUG,
     ) -> None:
         if not servers:
             raise ValueError("CheckpointWatcher needs at least one server address")
@@ -165,6 +166,8 @@ class CheckpointWatcher:
         self.pause_mode: PauseMode = pause_mode  # /pause_generation mode around each update
         self.api_key = api_key
         self.on_update = on_update
+        # one line per loaded version: chatter beside a training run (DEBUG), the news in a sidecar (INFO)
+        self.update_log_level = update_log_level
         self.metrics: MetricsSink = metrics or NullSink()
         self.request_timeout_s = request_timeout_s
         self.keep_cached = max(1, keep_cached)
@@ -320,7 +323,8 @@ class CheckpointWatcher:
         if latency is not None:
             metrics["watcher/publish_to_serving_s"] = latency
         self.metrics.log(metrics, step=v)
-        logger.info(
+        logger.log(
+            self.update_log_level,
             "serving v%d on %d server(s): publish->serving %s, fetch %.3fs, pause %.3fs",
             v, len(reachable), f"{latency:.3f}s" if latency is not None else "n/a", fetch_s, pause_s,
         )  # fmt: skip
@@ -580,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         server_ids=ids,
         request_timeout_s=ns.request_timeout_s,
         ack_ttl_s=ns.ack_ttl_s or None,
+        update_log_level=logging.INFO,  # a sidecar's log is its weight loads
     )
     logger.info("watching %s for %s", storage, ", ".join(servers))
     watcher.run(stop)

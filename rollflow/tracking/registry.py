@@ -6,7 +6,11 @@ What it is:
   version under the ``latest-rl`` alias), only when its held-out accuracy is at least the incumbent's:
   ``register = steps_trained > 0 and (incumbent is None or acc >= acc_incumbent)``. The reason is kept
   as a short code (``first-version``, ``eval-improved``, ``eval-tied``, ``eval-worse``, ``no-training``)
-  so it can be stored as a tag.
+  so it can be stored as a tag. When the run started from the incumbent (a retrain), the incumbent is
+  re-scored on this run's held-out prompts (its "before" evaluation) rather than judged by the score it
+  was registered with (``Incumbent.rescored``); the detail then says so and gives both numbers, e.g.
+  ``eval accuracy 0.9850 < incumbent v1 0.9950 (re-scored on this run's eval prompts; registered with
+  0.9900)``, and ``incumbent_tags`` gives the same as separate tags.
 - ``log_transformers_model``: writes a Hugging Face checkpoint directory as an MLflow
   ``transformers``-flavour model (``MLmodel`` + ``model/`` + ``components/tokenizer/``), so
   ``mlflow.transformers.load_model``, ``mlflow.pyfunc.load_model`` and ``mlflow models serve`` work.
@@ -35,11 +39,30 @@ _PIP_REQUIREMENTS = ["transformers", "torch", "safetensors", "tokenizers"]
 
 @dataclass(frozen=True)
 class Incumbent:
-    """The registered version the alias points at, with the held-out accuracy it was registered with."""
+    """The registered version the alias points at and the held-out accuracy the gate compares with: the
+    one it was registered with or, once ``rescore``d, its score on this run's prompts."""
 
     version: str
     eval_accuracy: float | None
     tags: dict[str, str]
+    rescored: bool = False
+    registered_accuracy: float | None = None  # what it was registered with, kept when it is re-scored
+
+    def rescore(self, eval_accuracy: float) -> Incumbent:
+        """This incumbent judged by ``eval_accuracy`` (its score on this run's held-out prompts)."""
+        return Incumbent(self.version, eval_accuracy, self.tags, True, self.eval_accuracy)
+
+    def describe(self) -> str:
+        """``incumbent v1 0.9950`` (+ how that number came about when it was re-scored)."""
+        acc = "(no recorded accuracy)" if self.eval_accuracy is None else f"{self.eval_accuracy:.4f}"
+        if not self.rescored:
+            return f"incumbent v{self.version} {acc}"
+        return f"incumbent v{self.version} {acc} (re-scored on this run's eval prompts; {self._registered()})"
+
+    def _registered(self) -> str:
+        if self.registered_accuracy is None:
+            return "registered without a score"
+        return f"registered with {self.registered_accuracy:.4f}"
 
 
 @dataclass(frozen=True)
@@ -47,6 +70,22 @@ class RegistryDecision:
     register: bool
     reason: str  # first-version | eval-improved | eval-tied | eval-worse | no-training
     detail: str  # one human sentence, stored as a tag
+
+
+def incumbent_tags(incumbent: Incumbent) -> dict[str, str]:
+    """Run tags that say what the candidate was compared with (``rollflow.registry.incumbent_*``)."""
+    tags = {"rollflow.registry.incumbent_version": incumbent.version}
+    if incumbent.eval_accuracy is not None:
+        tags["rollflow.registry.incumbent_accuracy"] = f"{incumbent.eval_accuracy:.4f}"
+    if incumbent.rescored:
+        tags["rollflow.registry.incumbent_rescored"] = "true"
+        if incumbent.registered_accuracy is not None:
+            tags["rollflow.registry.incumbent_registered_accuracy"] = f"{incumbent.registered_accuracy:.4f}"
+        tags["rollflow.registry.incumbent_note"] = (
+            f"v{incumbent.version} was re-scored on this run's held-out prompts (the run started from it): "
+            f"{incumbent.eval_accuracy:.4f}; {incumbent._registered()}"
+        )
+    return tags
 
 
 def decide_registration(
@@ -60,18 +99,16 @@ def decide_registration(
     best = incumbent.eval_accuracy
     if best is None or eval_accuracy > best:
         return RegistryDecision(
-            True,
-            "eval-improved",
-            f"eval accuracy {eval_accuracy:.4f} > incumbent v{incumbent.version} {best}",
+            True, "eval-improved", f"eval accuracy {eval_accuracy:.4f} > {incumbent.describe()}"
         )
     if eval_accuracy == best:
         return RegistryDecision(
-            True, "eval-tied", f"eval accuracy {eval_accuracy:.4f} = incumbent v{incumbent.version}"
+            True, "eval-tied", f"eval accuracy {eval_accuracy:.4f} = {incumbent.describe()}"
         )
     return RegistryDecision(
         False,
         "eval-worse",
-        f"eval accuracy {eval_accuracy:.4f} < incumbent v{incumbent.version} {best:.4f}; registry unchanged",
+        f"eval accuracy {eval_accuracy:.4f} < {incumbent.describe()}; registry unchanged",
     )
 
 

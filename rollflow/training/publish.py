@@ -190,7 +190,7 @@ class CheckpointPublisher:
     ) -> bool:
         """Publish ``version`` (after the previous one finished). False if it is <= floor (skipped)."""
         if version <= self.floor:
-            logger.info(
+            logger.debug(
                 "not publishing v%d: storage already has v%d (replayed step after restart)",
                 version,
                 self.floor,
@@ -251,7 +251,7 @@ class CheckpointPublisher:
             if self.keep_last:
                 self.store.gc(self.keep_last)
             self.last_publish_s = time.perf_counter() - t0
-            logger.info("published checkpoint v%d in %.2fs", version, self.last_publish_s)
+            logger.debug("published checkpoint v%d in %.2fs", version, self.last_publish_s)
         except BaseException as e:  # surfaced by the next submit/flush on the training thread
             logger.error("publishing checkpoint v%d failed: %s", version, e)
             self._error = e

@@ -186,7 +186,7 @@ def write_resume_point(
     point.files = files
     key = keys.trainer_state_key(point.step)
     storage.put_json(key, asdict(point))
-    logger.info("resume point committed: %s (version %d)", key, point.version)
+    logger.debug("resume point committed: %s (version %d)", key, point.version)
     return key
 
 

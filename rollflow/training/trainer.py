@@ -102,9 +102,22 @@ class TrainSummary:
     resumed_from: int | None  # version of the resume point loaded, None on a fresh start
     stopped: bool = False  # stop_event ended the run before train.steps
     done: bool = False  # the done marker was written
-    published_versions: list[int] = field(default_factory=list)
+    published_versions: list[int] = field(default_factory=list, repr=False)  # one per version: see brief()
     quarantined: int = 0
     wall_time_s: float = 0.0
+
+    def brief(self) -> str:
+        """One line for a log: counts and ranges, never the list of every published version."""
+        pub = self.published_versions
+        published = (
+            f"{len(pub)} checkpoint(s) published (v{min(pub)}..v{max(pub)})" if pub else "none published"
+        )
+        start = "fresh start" if self.resumed_from is None else f"resumed at v{self.resumed_from}"
+        return (
+            f"version {self.final_version} after {self.steps_run} step(s) ({start}), "
+            f"{self.groups_consumed} groups trained, {self.dropped_stale} dropped as stale, "
+            f"{self.quarantined} quarantined; {published}; {self.wall_time_s:.1f} s"
+        )
 
 
 class Trainer:
@@ -310,6 +323,8 @@ class Trainer:
             if self.ctx is not None and not self._ctx_given:
                 self.ctx.shutdown()
         summary.wall_time_s = time.perf_counter() - t_start
+        if summary.done and (self.ctx is None or self.ctx.is_main):
+            logger.info("training finished: %s", summary.brief())
         return summary
 
     def _run(self) -> TrainSummary:
@@ -364,7 +379,7 @@ class Trainer:
             info = {"version": self.version, "steps": tcfg.steps, **self.counters}
             self.store.mark_done(info)
             summary.done = True
-            logger.info("training done at version %d", self.version)
+            logger.debug("training done at version %d", self.version)
         ctx.barrier()
         summary.final_version = self.version
         summary.groups_consumed = self.counters["groups_consumed"]
@@ -507,7 +522,7 @@ class Trainer:
                 "step_time_s": step_s,
             }
             self.metrics.log(metrics, step=self.version)
-            logger.info(
+            logger.debug(
                 "v%d loss=%.4f reward=%.3f kl~%.4f clip=%.3f %.0f tok/s",
                 self.version,
                 stats["loss"],

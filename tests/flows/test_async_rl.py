@@ -123,3 +123,9 @@ def test_async_rl_learns_and_reports(
         if held
         else "eval-worse"
     )
+    # the incumbent was re-scored on the retrain's prompts (its "before"), and the run's tags say so
+    tags = client.get_run(nightly["mlflow_run_id"]).data.tags
+    assert tags["rollflow.registry.incumbent_rescored"] == "true"
+    assert tags["rollflow.registry.incumbent_accuracy"] == f"{nightly['eval_accuracy_before']:.4f}"
+    assert tags["rollflow.registry.incumbent_registered_accuracy"] == f"{summary['eval_accuracy_after']:.4f}"
+    assert "re-scored on this run's eval prompts" in tags["rollflow.registry.detail"]

@@ -34,7 +34,7 @@ def _write_trial(root: Path, tok_dir: Path) -> None:
             writer.add(TrajectoryGroup(f"g{i}", f"p{i}", [row]))
 
 
-def _inspect(tmp_path: Path, *extra: str) -> list[str]:
+def _inspect(tmp_path: Path, *extra: str, status: int | None = None) -> list[str]:
     code = (
         "import sys; from flows.cli import main; rc = main(sys.argv[1:]); "
         "heavy = [m for m in ('prefect', 'torch', 'transformers') if m in sys.modules]; "
@@ -47,7 +47,9 @@ def _inspect(tmp_path: Path, *extra: str) -> list[str]:
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
     assert "HEAVY []" in out.stdout, out.stdout + out.stderr  # what keeps a call around a second
-    return out.stdout.splitlines()
+    if status is not None:
+        assert out.returncode == status, out.stdout + out.stderr
+    return out.stdout.splitlines() + out.stderr.splitlines()
 
 
 def test_inspect_filters_by_reward_version_and_prompt(tmp_path: Path) -> None:
@@ -102,9 +104,15 @@ def test_console_script_is_declared_for_an_existing_module() -> None:
 
 def test_inspect_says_whether_the_trial_or_the_filters_found_nothing(tmp_path: Path) -> None:
     _write_trial(tmp_path / "st", tmp_path / "tok")
-    assert "no committed trajectory matches the filters" in _inspect(tmp_path, "--min-reward", "5")
-    lines = _inspect(tmp_path, "--min-reward", "1", "--trial", "t9")  # the README's line, a wrong name
-    assert any("no committed trajectories under" in ln and "check the trial name" in ln for ln in lines)
+    lines = _inspect(tmp_path, "--min-reward", "5", status=1)
+    assert "no committed trajectory matches the filters" in lines
+    assert not any("no such trial" in ln for ln in lines)
+    lines = _inspect(
+        tmp_path, "--min-reward", "1", "--trial", "t9", status=2
+    )  # the README's line, a wrong name
+    (line,) = [ln for ln in lines if "no such trial" in ln]
+    assert line.startswith("rollflow inspect: error: no such trial: t9 under ") and "trials there: t1" in line
+    assert "`rollflow ls`" in line and not any("matches the filters" in ln for ln in lines)
 
 
 def test_plan_without_an_image_says_what_to_type_without_a_traceback() -> None:
@@ -170,3 +178,65 @@ def test_run_resume_and_eval_refuse_a_wrong_trial_in_one_line(
     assert rc == 2 and "trial 't1' has no committed checkpoint" in err and "trials there: t1" in err
     rc, err = _trial_cli(root, ["run", "trian.steps=3"], capsys)
     assert rc == 2 and err.startswith("rollflow run: error: config key 'trian'") and "'trial'" in err
+
+
+def _stored_trials(root: Path) -> None:
+    """Four trials, one in each state storage can tell (storage/trial_list.py)."""
+    import os
+    import time
+
+    def put(trial: str, key: str, doc: dict, age_s: float = 0.0) -> None:
+        storage = Storage.open(str(root), "exp", trial)
+        storage.put_json(key, doc)
+        if age_s:
+            t = time.time() - age_s
+            os.utime(storage.local_path(key), (t, t))
+
+    put("a-final", "checkpoints/LATEST", {"version": 5, "path": "x"}, age_s=3600)
+    put("a-final", "eval/v000003.json", {"version": 3, "accuracy": 0.9})
+    put("a-final", "eval/v000005.json", {"version": 5, "accuracy": 0.8})
+    put("a-final", "trainer/DONE.json", {"version": 5})
+    put("a-final", "FINALIZED.json", {"final_version": 5, "eval_accuracy_after": 0.8})
+    put("b-trained", "checkpoints/LATEST", {"version": 4, "path": "x"}, age_s=3600)
+    put("b-trained", "trainer/DONE.json", {"version": 4})
+    put("c-running", "checkpoints/LATEST", {"version": 2, "path": "x"}, age_s=3600)
+    put("c-running", "rollout/state-rollout-w0.json", {"updated_at": time.time() - 5})  # a live heartbeat
+    put("d-stopped", "checkpoints/LATEST", {"version": 1, "path": "x"}, age_s=3600)
+    put("d-stopped", "rollout/state-rollout-w0.json", {"updated_at": time.time() - 3600})
+    put("e-old", "FINALIZED.json", {"final_version": 9, "eval_accuracy_after": 0.75})  # before eval records
+    put("f-publishing", "checkpoints/LATEST", {"version": 7, "path": "x"})  # a checkpoint just published
+
+
+def test_ls_lists_trials_with_status_version_and_best_accuracy_without_prefect(tmp_path: Path) -> None:
+    _stored_trials(tmp_path / "st")
+    code = (
+        "import sys; from flows.cli import main; rc = main(sys.argv[1:]); "
+        "heavy = [m for m in ('prefect', 'torch', 'transformers') if m in sys.modules]; "
+        "print('HEAVY', heavy); sys.exit(rc)"
+    )
+    args = ["ls", "--config", "configs/tiny_cpu.yaml", f"storage.root={tmp_path / 'st'}", "experiment=exp"]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert out.returncode == 0 and "HEAVY []" in out.stdout, out.stdout + out.stderr
+    rows = {ln.split()[0]: ln.split()[1:] for ln in out.stdout.splitlines()[1:7]}
+    assert out.stdout.splitlines()[0].split() == ["trial", "status", "version", "best", "accuracy"]
+    assert rows == {
+        "a-final": ["finalized", "5", "0.900", "(v3)"],  # the best record, not the final score
+        "b-trained": ["trained", "4", "-"],
+        "c-running": ["running", "2", "-"],  # LATEST is old, the rollout's heartbeat is not
+        "d-stopped": ["stopped", "1", "-"],  # quiet for longer than rollout.worker_lease_s
+        "e-old": ["finalized", "9", "0.750", "(v9)"],  # only FINALIZED.json's final score
+        "f-publishing": ["running", "7", "-"],  # no heartbeat, but LATEST is fresh
+    }, out.stdout
+    assert f"6 trial(s) under {tmp_path / 'st' / 'exp'}" in out.stdout
+
+
+def test_ls_on_an_experiment_with_no_trials_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.cli import main
+
+    assert main(["ls", f"storage.root={tmp_path}", "experiment=none"]) == 0
+    assert capsys.readouterr().out.startswith(f"no trial is stored under {tmp_path / 'none'}")

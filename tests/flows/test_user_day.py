@@ -99,6 +99,9 @@ def test_the_documented_day(
     for name in ("async-rl/local", "evaluate/local", "async-rl/nightly"):
         assert name in out, out
     assert "rollout/gpu" not in out
+    with _client(env) as pc:  # the nightly is opt-in: deployed with its schedule paused
+        schedules = pc.read_deployment_by_name("async-rl/nightly").schedules
+    assert [s.active for s in schedules] == [False], schedules
 
     # the GPU file: no image is an error; with one, gpu_count follows the config
     res = _prefect(env, "deploy", "--all", "--prefect-file", "prefect-gpu.yaml")
@@ -180,7 +183,12 @@ def test_the_documented_day(
                 LogFilter(flow_run_id=LogFilterFlowRunId(any_=[first["id"]])), limit=200, offset=len(logs)
             ):
                 logs += page
-        trainer = [log for log in logs if log.name == "rollflow.training.trainer" and "loss=" in log.message]
+        trainer = [
+            log
+            for log in logs
+            if log.name == "rollflow.training.trainer"
+            and log.message.startswith("training finished: version")
+        ]  # the trainer's INFO line (its per-step lines are DEBUG: `-v`)
         assert trainer, [(log.name, log.message) for log in logs][-20:]
 
         # -- an explicit resume of the finished trial changes nothing ---------------------------

@@ -46,6 +46,24 @@ def test_notebook_executes(use_prefect_server: str, tmp_path: Path) -> None:
         if o.get("name") == "stdout"
     )
     assert "embedded run of trial demo-" in outputs and "final version 6" in outputs
+    # the cell labelled "accuracy before" prints the base policy's score (v0), not the final one (issue 21)
+    import re
+
+    from mlflow.tracking import MlflowClient
+
+    m = re.search(r"MLflow run (\w+) ", outputs)
+    labelled = re.search(r"accuracy before (\d\.\d{3}) \(v(\d+)\), after (\d\.\d{3}) \(v(\d+)\);", outputs)
+    assert m and labelled, outputs
+    history = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_metric_history(m.group(1), "eval/accuracy")
+    by_step = {h.step: h.value for h in history}
+    assert labelled.group(2) == "0" and float(labelled.group(1)) == round(by_step[0], 3), (
+        labelled[0],
+        by_step,
+    )
+    assert labelled.group(4) == "6" and float(labelled.group(3)) == round(by_step[6], 3), (
+        labelled[0],
+        by_step,
+    )
     images = [
         o
         for c in nb.cells

@@ -80,12 +80,21 @@ def test_cli_prints_the_table(written: Any, tiny_model_dir: Path, capsys: pytest
 
 
 def test_cli_runs_as_a_module_and_says_when_there_is_nothing(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "rollflow.rollout.inspect", "--storage-root", str(tmp_path), "--experiment", "e",
-         "--trial", "t"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 1 and "no committed trajectories" in proc.stdout
+    def inspect(trial: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "rollflow.rollout.inspect", "--storage-root", str(tmp_path), "--experiment",
+             "e", "--trial", trial],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    proc = inspect("t")  # nothing stored at all
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert "error: no such trial: t under" in proc.stderr and "no trial is stored there" in proc.stderr
+    Storage.open(str(tmp_path), "e", "t2", {}).put_json("checkpoints/LATEST", {"version": 0, "path": "x"})
+    proc = inspect("t")  # another trial exists: named in the message
+    assert proc.returncode == 2 and "trials there: t2" in proc.stderr, proc.stderr
+    proc = inspect("t2")  # the trial exists but holds no trajectories yet: not "no such trial"
+    assert proc.returncode == 1 and "trial t2 holds no committed trajectories" in proc.stdout, proc.stdout
 
 
 def test_cli_with_a_config_file_and_sample_trajectories(

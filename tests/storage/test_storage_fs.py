@@ -155,3 +155,14 @@ def test_fsync_option_local(tmp_path: Path) -> None:
     st.put_bytes("a/b", b"durable", exclusive=True)
     st.put_bytes("a/c", b"also")
     assert st.get_bytes("a/b") == b"durable" and st.list("a") == ["a/b", "a/c"]
+
+
+def test_modified_at_says_when_a_key_was_written(storage: Storage) -> None:
+    """What `rollflow ls` reads to tell a running trial from a stopped one (storage/trial_list.py)."""
+    import time
+
+    assert storage.modified_at("checkpoints/LATEST") is None  # absent
+    before = time.time()
+    storage.put_json("checkpoints/LATEST", {"version": 1, "path": "x"})
+    written = storage.modified_at("checkpoints/LATEST")
+    assert written is not None and before - 5 <= written <= time.time() + 5, (before, written)

@@ -8,7 +8,7 @@ import pytest
 
 from rollflow.configuration.loader import load_config
 from rollflow.tracking.mlflow_tracker import MlflowTracker, download_latest_registered
-from rollflow.tracking.registry import Incumbent, decide_registration
+from rollflow.tracking.registry import Incumbent, decide_registration, incumbent_tags
 
 
 def test_gate_registers_only_trained_runs_that_hold_the_eval() -> None:
@@ -24,6 +24,43 @@ def test_gate_registers_only_trained_runs_that_hold_the_eval() -> None:
     assert decide_registration(
         steps_trained=1, eval_accuracy=0.0, incumbent=Incumbent("1", None, {})
     ).register
+
+
+def test_a_rescored_incumbent_is_explained_with_both_numbers() -> None:
+    """The nightly's case (issue 21): v1 was registered with 0.9900; re-scored on the retrain's prompts it
+    gets 0.9950, and the retrain's 0.9850 loses to that, which the detail and the tags must say."""
+    registered = Incumbent("1", 0.99, {"eval_accuracy": "0.9900"})
+    inc = registered.rescore(0.995)
+    d = decide_registration(steps_trained=2, eval_accuracy=0.985, incumbent=inc)
+    assert (d.register, d.reason) == (False, "eval-worse")
+    assert d.detail == (
+        "eval accuracy 0.9850 < incumbent v1 0.9950 (re-scored on this run's eval prompts; registered with "
+        "0.9900); registry unchanged"
+    )
+    assert incumbent_tags(inc) == {
+        "rollflow.registry.incumbent_version": "1",
+        "rollflow.registry.incumbent_accuracy": "0.9950",
+        "rollflow.registry.incumbent_rescored": "true",
+        "rollflow.registry.incumbent_registered_accuracy": "0.9900",
+        "rollflow.registry.incumbent_note": (
+            "v1 was re-scored on this run's held-out prompts (the run started from it): 0.9950; "
+            "registered with 0.9900"
+        ),
+    }
+    d = decide_registration(steps_trained=2, eval_accuracy=0.995, incumbent=inc)
+    assert d.reason == "eval-tied" and "re-scored" in d.detail and "0.9900" in d.detail
+    # judged by the score it was registered with: no re-scoring said, nothing extra tagged
+    d = decide_registration(steps_trained=2, eval_accuracy=0.985, incumbent=registered)
+    assert d.detail == "eval accuracy 0.9850 < incumbent v1 0.9900; registry unchanged"
+    assert incumbent_tags(registered) == {
+        "rollflow.registry.incumbent_version": "1",
+        "rollflow.registry.incumbent_accuracy": "0.9900",
+    }
+    unscored = Incumbent("2", None, {}).rescore(0.5)
+    assert (
+        "registered without a score"
+        in decide_registration(steps_trained=1, eval_accuracy=0.4, incumbent=unscored).detail
+    )
 
 
 def _tiny_checkpoint(path: Path) -> Path:
