@@ -13,6 +13,9 @@ with the same number of requests in flight:
   prompt, reward scoring, row building) and writing every accepted group as Parquet shards with commit
   records to a local store -- over tokens/s of `--concurrency` direct concurrent `agenerate` calls.
   Target >= 0.9. Median over interleaved repetitions.
+- agent_calls_per_s, agent_call_overhead_ms (and _frac), agent_vs_direct_calls: a chat call through the
+  per-episode OpenAI endpoint with the official ``openai`` client, against a direct ``agenerate``
+  (``bench.agent_endpoint``, which also runs on its own).
 
 The model is the embedded default's tiny Llama (`rollflow.models`, no warm start: only token counts
 matter here). This is a script, not a test.
@@ -31,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import agent_endpoint
 from bench._common import report
 from rollflow.api.config import InferenceConfig
 from rollflow.api.inference import GenerateRequest, SamplingParams
@@ -156,6 +160,11 @@ def main() -> None:
                             through_executor(servers.addresses, rows, workflow, args.concurrency, store)
                         )
                     runs[side].append(out)
+            # The agent endpoint (bench.agent_endpoint) on the same server: calls/s and added latency.
+            agent_figures, agent_details = agent_endpoint.run(
+                servers.addresses, tok, reps=1 if args.quick else 3, tokens=args.tokens,
+                calls=10 if args.quick else 30, concurrency=args.concurrency,
+            )  # fmt: skip
         runner.close()
     med = {side: statistics.median(r["tokens_per_s"] for r in rs) for side, rs in runs.items()}
     # Paired: each repetition runs both sides back to back, so drift from other load on the machine
@@ -163,8 +172,9 @@ def main() -> None:
     paired = [
         e["tokens_per_s"] / d["tokens_per_s"] for e, d in zip(runs["executor"], runs["direct"], strict=True)
     ]
-    figures = {"executor_vs_server_tokens": statistics.median(paired)}
+    figures = {"executor_vs_server_tokens": statistics.median(paired), **agent_figures}
     details = {
+        "agent_endpoint": agent_details,
         "args": vars(args), "median_tokens_per_s": med, "paired_ratios": paired,
         "ratio_of_medians": med["executor"] / med["direct"],
         "paired_ratio_quartiles": statistics.quantiles(paired, n=4) if len(paired) > 1 else paired,

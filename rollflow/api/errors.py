@@ -90,3 +90,28 @@ class LoopFailedError(RollflowError):
     def __init__(self, loop: str, message: str) -> None:
         self.loop = loop
         super().__init__(f"{loop} failed: {message}")
+
+
+class AgentRequestError(RollflowError, ValueError):
+    """An OpenAI-compatible call to an agent endpoint that rollflow cannot serve (HTTP 400).
+
+    ``param`` names the request field, ``code`` is a stable machine-readable name; the message says
+    what to send instead. Nothing is recorded for the call; the episode goes on.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_request") -> None:
+        self.param = param
+        self.code = code
+        super().__init__(message)
+
+
+class EpisodeLimitError(RollflowError):
+    """An agent call would break one of its episode's limits (``max_turns``, the token budget, staleness).
+
+    ``reason`` is the counted drop reason (``max_turns``, ``token_budget``, ``stale``). The call is
+    refused and the whole episode is dropped, never trained.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)

@@ -1,7 +1,9 @@
-"""Rollout workflows: ``RLVRWorkflow`` (single turn), ``MultiTurnWorkflow`` (retry with feedback) and
-``GroupedRolloutWorkflow`` (group any one-sample workflow). See each module's docstring."""
+"""Rollout workflows: ``RLVRWorkflow`` (single turn), ``MultiTurnWorkflow`` (retry with feedback),
+``GroupedRolloutWorkflow`` (group any one-sample workflow) and ``AgentWorkflow`` (a user's OpenAI-client
+agent, docs/agents.md). See each module's docstring."""
 
+from rollflow.workflows.agent import AgentWorkflow
 from rollflow.workflows.multi_turn import MultiTurnWorkflow
 from rollflow.workflows.rlvr import GroupedRolloutWorkflow, RLVRWorkflow, merge_samples
 
-__all__ = ["GroupedRolloutWorkflow", "MultiTurnWorkflow", "RLVRWorkflow", "merge_samples"]
+__all__ = ["AgentWorkflow", "GroupedRolloutWorkflow", "MultiTurnWorkflow", "RLVRWorkflow", "merge_samples"]

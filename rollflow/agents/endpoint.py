@@ -1,0 +1,458 @@
+"""AgentEndpoint: an OpenAI-compatible HTTP endpoint per agent episode, inside the rollout process.
+
+What it is. One aiohttp server on the rollout's event loop (127.0.0.1, a free port by default). Each
+episode gets its own ``base_url`` and api key::
+
+    handle = endpoint.open_episode(client, limits)
+    handle.base_url   # http://127.0.0.1:PORT/episodes/<episode_id>/v1
+    handle.api_key    # a random secret of this episode
+
+Routes under ``{base_url}``: ``POST /chat/completions`` (with ``tools`` / ``tool_calls``),
+``POST /completions``, ``GET /models``. The same routes under ``/v1`` find the episode by its key
+alone. A call is authenticated with ``Authorization: Bearer <api_key>``; an unknown key, or the key of
+another episode than the URL names, gets 401 and is counted; a key of an episode that has ended gets
+410. Each call is forwarded to the inference engine through the episode's ``InferenceClient`` (the
+same ``agenerate`` every workflow uses, so it runs on SGLang and on the CPU server alike, resumes across
+weight updates and fails over) and recorded in the episode's ``EpisodeRecorder``: prompt ids as sent,
+completion ids, behaviour logprobs, per-token versions.
+
+Prompts: chat calls are built by ``ChatPrompter`` (exact previous context + the template's delta),
+``/completions`` text prompts likewise extend the previous context when they start with the previous
+prompt text + the returned text (only the new suffix is tokenized); a token-id prompt is sent as is.
+
+Sampling follows the workflow's ``SamplingParams`` (temperature, top-p/k, min-p), whatever the agent
+asks: the trainer's importance weights and recomputed logprobs assume that distribution. The agent's
+``max_tokens`` (default: the workflow's ``max_new_tokens``) is capped by the episode's token budget;
+its ``seed`` is honoured; the template's end-of-turn token is a stop token of chat calls.
+
+Errors, in OpenAI's envelope: 400 for a request the endpoint cannot serve (``AgentRequestError``) or one
+that breaks an episode limit (``EpisodeLimitError``: ``max_turns_exceeded``, ``token_budget_exceeded``,
+``episode_stale``; the episode is dropped), 401/410 as above, 503 when the engine failed.
+
+What it is not: not a general OpenAI server (one choice, no embeddings, no server-side tools), and no
+episode logic beyond recording (``rollflow.workflows.agent``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from aiohttp import web
+
+from rollflow.agents.chat_prompt import ChatPrompter, TemplateTokenizer
+from rollflow.agents.counts import AgentCounts
+from rollflow.agents.openai_protocol import (
+    ChatRequest,
+    CommonParams,
+    CompletionRequest,
+    chat_chunks,
+    chat_response,
+    completion_chunks,
+    completion_response,
+    error_body,
+    parse_chat_request,
+    parse_completion_request,
+    sse,
+)
+from rollflow.agents.recorder import CallRecord, EpisodeLimits, EpisodeRecorder
+from rollflow.agents.tool_calls import ParsedReply, parse_tool_calls
+from rollflow.api.errors import AgentRequestError, EpisodeLimitError, InferenceError, InvalidRequestError
+from rollflow.api.inference import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_LIMIT_CODES = {
+    "max_turns": "max_turns_exceeded",
+    "token_budget": "token_budget_exceeded",
+    "stale": "episode_stale",
+}
+
+
+class _HTTPError(Exception):
+    def __init__(
+        self, status: int, message: str, *, type_: str, code: str | None = None, param: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.type_, self.code, self.param = status, type_, code, param
+
+
+@dataclass
+class EpisodeHandle:
+    """One open episode: where its agent calls, with which key, and what was recorded."""
+
+    episode_id: str
+    api_key: str
+    base_url: str
+    client: InferenceClient
+    recorder: EpisodeRecorder
+    closed: bool = False
+    in_flight: set[asyncio.Task[GenerateResult]] = field(default_factory=set)
+    n_calls: int = 0
+
+
+class AgentEndpoint:
+    """The per-episode OpenAI-compatible endpoint (see the module docstring)."""
+
+    def __init__(
+        self,
+        tokenizer: TemplateTokenizer,
+        *,
+        sampling: SamplingParams | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model_name: str = "rollflow-policy",
+        counts: AgentCounts | None = None,
+        max_closed_keys: int = 65536,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.prompter = ChatPrompter(tokenizer)
+        self.sampling = sampling or SamplingParams()
+        self.host, self.port = host, port
+        self.model_name = model_name
+        self.counts = counts or AgentCounts()
+        self._by_key: dict[str, EpisodeHandle] = {}
+        self._closed_keys: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._max_closed_keys = max_closed_keys
+        self._runner: web.AppRunner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_lock: asyncio.Lock | None = None
+        self._bound_port: int | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the endpoint serves on (None before ``astart``)."""
+        return self._loop
+
+    @property
+    def url(self) -> str:
+        if self._bound_port is None:
+            raise RuntimeError("the agent endpoint is not started (await astart())")
+        return f"http://{self.host}:{self._bound_port}"
+
+    async def astart(self) -> None:
+        """Start serving on the running loop (idempotent; restarts if called from a new loop)."""
+        loop = asyncio.get_running_loop()
+        if self._runner is not None and self._loop is loop:
+            return
+        if self._loop is not loop:
+            self._runner, self._loop, self._bound_port = None, loop, None
+            self._start_lock = asyncio.Lock()
+            self._by_key.clear()
+        assert self._start_lock is not None
+        async with self._start_lock:
+            if self._runner is not None:
+                return
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            for prefix in ("/episodes/{episode}/v1", "/v1"):
+                app.router.add_post(prefix + "/chat/completions", self._chat)
+                app.router.add_post(prefix + "/completions", self._completion)
+                app.router.add_get(prefix + "/models", self._models)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, self.host, self.port, backlog=1024)
+            await site.start()
+            sockets = getattr(site._server, "sockets", None) or []  # the bound port when port=0
+            self._bound_port = int(sockets[0].getsockname()[1]) if sockets else self.port
+            self._runner = runner
+            logger.info("agent endpoint serving on %s", self.url)
+
+    async def aclose(self) -> None:
+        for handle in list(self._by_key.values()):
+            self.close_episode(handle, reason="endpoint closed")
+        if self._runner is not None and self._loop is asyncio.get_running_loop():
+            await self._runner.cleanup()
+        self._runner, self._bound_port = None, None
+
+    # --- episodes --------------------------------------------------------------------------------------
+
+    def open_episode(self, client: InferenceClient, limits: EpisodeLimits | None = None) -> EpisodeHandle:
+        """Register a new episode; its agent calls ``handle.base_url`` with ``handle.api_key``."""
+        episode_id = uuid.uuid4().hex
+        key = "rf-" + secrets.token_urlsafe(24)
+        handle = EpisodeHandle(
+            episode_id=episode_id,
+            api_key=key,
+            base_url=f"{self.url}/episodes/{episode_id}/v1",
+            client=client,
+            recorder=EpisodeRecorder(episode_id, limits or EpisodeLimits()),
+        )
+        self._by_key[key] = handle
+        return handle
+
+    def close_episode(self, handle: EpisodeHandle, *, reason: str = "the episode ended") -> None:
+        """Unregister the episode and cancel its calls still in flight (their rids are aborted)."""
+        handle.closed = True
+        self._by_key.pop(handle.api_key, None)
+        self._closed_keys[handle.api_key] = reason
+        while len(self._closed_keys) > self._max_closed_keys:
+            self._closed_keys.popitem(last=False)
+        for task in list(handle.in_flight):
+            task.cancel()
+
+    # --- HTTP ------------------------------------------------------------------------------------------
+
+    def _authenticate(self, request: web.Request) -> EpisodeHandle:
+        auth = request.headers.get("Authorization", "")
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        handle = self._by_key.get(key) if key else None
+        wanted = request.match_info.get("episode")
+        if handle is None:
+            if key in self._closed_keys:
+                self.counts.calls_after_close += 1
+                raise _HTTPError(
+                    410,
+                    f"this episode is over ({self._closed_keys[key]})",
+                    type_="invalid_request_error",
+                    code="episode_closed",
+                )
+            self.counts.calls_refused_unknown_key += 1
+            logger.warning("agent endpoint: refused a call with an unknown api key (%s)", request.path)
+            raise _HTTPError(
+                401,
+                "unknown api key: use the api_key given with this base_url",
+                type_="authentication_error",
+                code="invalid_api_key",
+            )
+        if wanted is not None and wanted != handle.episode_id:
+            self.counts.calls_refused_foreign_key += 1
+            logger.warning(
+                "agent endpoint: refused episode %s's key on episode %s", handle.episode_id, wanted
+            )
+            raise _HTTPError(
+                401,
+                "this api key belongs to another episode",
+                type_="authentication_error",
+                code="invalid_api_key",
+            )
+        return handle
+
+    async def _json(self, request: web.Request) -> Any:
+        try:
+            return json.loads(await request.read())
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise AgentRequestError(
+                f"the body is not JSON: {type(exc).__name__}", code="invalid_json"
+            ) from None
+
+    async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
+        try:
+            handle = self._authenticate(request)
+            body = await self._json(request)
+            if kind == "chat":
+                reply, stream = await self._achat(handle, parse_chat_request(body))
+            else:
+                reply, stream = await self._acompletion(handle, parse_completion_request(body))
+        except _HTTPError as e:
+            return web.json_response(
+                error_body(str(e), type_=e.type_, param=e.param, code=e.code), status=e.status
+            )
+        except AgentRequestError as e:
+            self.counts.calls_invalid += 1
+            return web.json_response(error_body(str(e), param=e.param, code=e.code), status=400)
+        if not stream:
+            return web.json_response(reply)
+        events = chat_chunks(reply) if kind == "chat" else completion_chunks(reply)
+        return web.Response(body=sse(events), content_type="text/event-stream")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "chat")
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "completion")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        try:
+            self._authenticate(request)
+        except _HTTPError as e:
+            return web.json_response(error_body(str(e), type_=e.type_, code=e.code), status=e.status)
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "rollflow"}],
+            }
+        )
+
+    # --- calls -----------------------------------------------------------------------------------------
+
+    async def _achat(self, handle: EpisodeHandle, req: ChatRequest) -> tuple[dict[str, Any], bool]:
+        rec = handle.recorder
+        last = rec.calls[-1] if rec.calls else None
+        ids: list[int] | None = None
+        if last is not None and last.kind == "chat" and last.messages is not None and last.reply is not None:
+            delta = self.prompter.delta_ids(
+                last.messages, last.tools, last.reply, req.messages, req.tools,
+                last_token=last.output_ids[-1] if last.output_ids else None,
+            )  # fmt: skip
+            if delta is not None:
+                ids = last.context + delta
+        if ids is None:
+            ids = self.prompter.full_ids(req.messages, req.tools)
+        eot = (
+            self.prompter.end_of_turn_id
+        )  # ignore_eos: the agent wants no stop at the end of the turn either
+        stops = [eot] if eot is not None and not req.ignore_eos else []
+        call, res = await self._agenerate(handle, req, ids, "chat", extra_stops=stops)
+        text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
+        parsed = (
+            parse_tool_calls(text, turn=call.index)
+            if req.tools and req.tool_choice == "auto"
+            else ParsedReply(text)
+        )
+        self.counts.tool_calls += len(parsed.tool_calls)
+        self.counts.tool_call_parse_errors += parsed.parse_errors
+        message = parsed.message()
+        call.text, call.messages, call.tools, call.reply = text, req.messages, req.tools, message
+        self._record(handle, call)
+        finish = (
+            "tool_calls" if parsed.tool_calls else ("length" if res.finish_reason == "length" else "stop")
+        )
+        reply = chat_response(
+            call_id=f"chatcmpl-{handle.episode_id}-{call.index}",
+            model=req.model or self.model_name,
+            message=message,
+            finish_reason=finish,
+            n_prompt=len(ids),
+            n_completion=len(res.output_ids),
+            fingerprint=self._fingerprint(res),
+            logprobs=self._logprobs(res) if req.logprobs else None,
+        )
+        return reply, req.stream
+
+    async def _acompletion(
+        self, handle: EpisodeHandle, req: CompletionRequest
+    ) -> tuple[dict[str, Any], bool]:
+        rec = handle.recorder
+        if isinstance(req.prompt, list):
+            ids = list(req.prompt)
+        else:
+            last = rec.calls[-1] if rec.calls else None
+            ids = None
+            if last is not None and last.kind == "completion" and last.prompt_text is not None:
+                before = last.prompt_text + last.text
+                if req.prompt.startswith(before) and len(req.prompt) > len(before):
+                    ids = last.context + self._encode_text(req.prompt[len(before) :], first=False)
+            if ids is None:
+                ids = self._encode_text(req.prompt, first=True)
+        call, res = await self._agenerate(handle, req, ids, "completion", extra_stops=[])
+        call.text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
+        call.prompt_text = req.prompt if isinstance(req.prompt, str) else None
+        self._record(handle, call)
+        reply = completion_response(
+            call_id=f"cmpl-{handle.episode_id}-{call.index}",
+            model=req.model or self.model_name,
+            text=call.text,
+            finish_reason="length" if res.finish_reason == "length" else "stop",
+            n_prompt=len(ids),
+            n_completion=len(res.output_ids),
+            fingerprint=self._fingerprint(res),
+            logprobs=self._logprobs(res) if req.logprobs else None,
+        )
+        return reply, req.stream
+
+    def _encode_text(self, text: str, *, first: bool) -> list[int]:
+        if not text:
+            raise AgentRequestError("'prompt' must not be empty", param="prompt")
+        return list(self.tokenizer.encode(text, add_special_tokens=first))
+
+    async def _agenerate(
+        self, handle: EpisodeHandle, req: CommonParams, ids: list[int], kind: str, *, extra_stops: list[int]
+    ) -> tuple[CallRecord, GenerateResult]:
+        """Admit, send and wait for one call; raises ``_HTTPError`` for every refusal."""
+        rec = handle.recorder
+        if handle.closed:
+            self.counts.calls_after_close += 1
+            raise _HTTPError(
+                410, "this episode is over", type_="invalid_request_error", code="episode_closed"
+            )
+        requested = req.max_tokens if req.max_tokens is not None else self.sampling.max_new_tokens
+        try:
+            max_new = rec.admit(ids, requested, version=int(handle.client.get_version()))
+        except EpisodeLimitError as exc:
+            logger.info("agent episode %s dropped: %s", handle.episode_id, exc)
+            raise _HTTPError(
+                400, str(exc), type_="invalid_request_error", code=_LIMIT_CODES.get(exc.reason, exc.reason)
+            ) from None
+        stops = list(dict.fromkeys([*self.sampling.stop_token_ids, *req.stop_token_ids, *extra_stops]))
+        sampling = replace(
+            self.sampling,
+            max_new_tokens=max_new,
+            stop_token_ids=stops,
+            ignore_eos=req.ignore_eos or self.sampling.ignore_eos,
+            sampling_seed=req.seed if req.seed is not None else self.sampling.sampling_seed,
+        )
+        index = handle.n_calls
+        handle.n_calls += 1
+        # One rid per episode keeps its calls on one server (prefix cache); a parallel call gets its own.
+        rid = handle.episode_id if not handle.in_flight else f"{handle.episode_id}-{index}"
+        self.counts.calls += 1
+        t0 = time.monotonic()
+        task = asyncio.ensure_future(handle.client.agenerate(GenerateRequest(list(ids), sampling, rid=rid)))
+        handle.in_flight.add(task)
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            handle.in_flight.discard(task)
+        if task.cancelled() or handle.closed:
+            self.counts.calls_after_close += 1
+            raise _HTTPError(
+                410, "this episode is over", type_="invalid_request_error", code="episode_closed"
+            )
+        exc = task.exception()
+        if isinstance(exc, InvalidRequestError):
+            self.counts.calls_invalid += 1
+            raise _HTTPError(
+                400,
+                f"the engine refused the call: {exc}",
+                type_="invalid_request_error",
+                code="engine_rejected",
+            )
+        if exc is not None:
+            self.counts.calls_engine_error += 1
+            logger.warning("agent episode %s: inference failed: %s", handle.episode_id, exc)
+            kind_ = "inference error" if isinstance(exc, InferenceError) else type(exc).__name__
+            raise _HTTPError(503, f"{kind_}: {exc}", type_="server_error", code="engine_error")
+        res = task.result()
+        if res.finish_reason == "abort":  # the client gave up (shutting down): nothing to train on
+            rec.drop("aborted", f"call {index} was aborted by the inference client")
+            self.counts.calls_engine_error += 1
+            raise _HTTPError(
+                503, "the inference client is shutting down", type_="server_error", code="engine_aborted"
+            )
+        call = CallRecord(
+            index=index,
+            kind=kind,  # type: ignore[arg-type]
+            prompt_ids=list(ids),
+            output_ids=list(res.output_ids),
+            logprobs=list(res.output_logprobs),
+            versions=list(res.output_versions),
+            finish_reason=res.finish_reason,
+            latency_s=time.monotonic() - t0,
+        )
+        return call, res
+
+    def _record(self, handle: EpisodeHandle, call: CallRecord) -> None:
+        rec = handle.recorder
+        before = rec.calls[-1].segment if rec.calls else 0
+        rec.record(call)
+        if call.segment != before:
+            self.counts.segments_new += 1
+
+    def _fingerprint(self, res: GenerateResult) -> str:
+        return f"rollflow-v{max(res.output_versions)}" if res.output_versions else "rollflow"
+
+    def _logprobs(self, res: GenerateResult) -> tuple[list[str], list[float]]:
+        tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in res.output_ids]
+        return tokens, list(res.output_logprobs)
