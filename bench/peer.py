@@ -1,32 +1,49 @@
 """Side-by-side: TRL's GRPOTrainer and rollflow on the same model, prompts, reward, eval and geometry.
 
-What it is: the harness behind the README's learning figures. For one task config it
+What it is: the harness behind the README's learning figures. For one config - any user config: a
+model directory (``model.path``), a ``files`` (or synthetic) dataset and a ``module:function`` reward -
+it
 
-1. builds the starting model once (``rollflow.models.bootstrap``) and fixes the held-out prompts;
-2. for each seed, one system after the other on this machine with the same thread budget: TRL
+1. gets the starting model once: the built-in tiny model via ``rollflow.models.bootstrap`` when
+   ``model.bootstrap_tiny`` is set; otherwise ``model.path`` as is. A ``model.path`` that does not exist
+   is built only when the config's folder holds a ``make_task.py`` (an outside-built task such as
+   ``bench/tasks/sub_gap/``): ``python -m <that module> --out <model.path's parent>``; else it stops
+   and says what to build;
+2. fixes the prompts (the train split, in rollflow's per-seed order) and the held-out prompts (the
+   first ``eval.n_prompts`` of the eval split);
+3. for each seed, one system after the other on this machine with the same thread budget: TRL
    (``bench/peer_trl.py`` in its own venv, ``make trl-venv``; TRL is never a rollflow dependency) and
    rollflow (``bench/peer_rollflow.py``: the real loops, asynchronous); then, per seed, rollflow's
    synchronous baseline for ``--sync-seconds``;
-3. scores every weight snapshot of every run with one scorer (``bench.peer_eval``: greedy, held-out),
-   off the training clock - the clock each system reports counts training seconds only;
-4. prints ``key value`` lines, writes ``peer_<task>.json`` (every curve and step timing) and
-   ``peer_<task>.png`` (accuracy against training seconds, both systems, every seed).
+4. scores every weight snapshot of every run with one scorer (``bench.peer_eval``: greedy, held-out,
+   the config's reward), off the training clock - the clock each system reports counts training seconds;
+5. prints ``key value`` lines, writes ``peer_<name>.json`` (every curve and step timing) and
+   ``peer_<name>.png`` (accuracy against training seconds and against optimizer steps, every seed).
 
-Both systems get: the same prompts in the same order (rollflow's per-seed permutation), 16 prompts x 8
-samples per step, T = 1, ``max_new_tokens`` and lr of the config, AdamW, grad clip 1.0, no KL.
-Printed keys: ``trl_completions_per_s``, ``rollflow_completions_per_s``, ``completions_per_s_ratio``,
-``trl_acc_at_{S}s``, ``rollflow_acc_at_{S}s`` (medians over seeds; S = ``--seconds``, 600 by default),
-``time_to_trl_final_ratio`` (median seconds rollflow needs to reach TRL's median final accuracy, / S),
-``rollflow_time_to_0.8`` (median, or ``none``), ``async_vs_sync_step_ratio`` (sync s/step / async
-s/step) and ``sync_step_vs_gen_plus_train`` (the synchronous step against its generation + training);
-for rollflow and its synchronous baseline, where the time went (``rollflow.timing``, medians with
-``_spread``): ``{system}_core_busy_min`` (the least busy core's share of the race), ``{system}_trainer_waiting_data_frac``,
+Both systems get: the same prompts in the same order (rollflow's per-seed permutation), rendered by the
+model's own chat template; the same reward function (by its import string; TRL's venv imports it too);
+16 prompts x 8 samples per step, T = 1, ``max_new_tokens`` and lr of the config, AdamW, grad clip 1.0,
+no KL. Snapshots are kept every ``--snapshot-every`` training seconds and at the optimizer steps of
+``--snapshot-steps``.
+
+Printed keys, medians over seeds with ``_spread`` (min..max) beside them: ``trl_completions_per_s``,
+``rollflow_completions_per_s``, ``completions_per_s_ratio``, ``trl_acc_at_{S}s``, ``rollflow_acc_at_{S}s``
+(S = ``--seconds``, 600 by default), ``time_to_trl_final_ratio`` (median seconds rollflow needs to reach
+TRL's median final accuracy, / S), ``rollflow_time_to_0.8`` (median, or ``none``),
+``{trl,rollflow}_acc_at_step_{N}`` and ``per_step_acc_ratio_at_{N}`` for N in ``--snapshot-steps``
+(500, 1000, 1500 by default; rollflow's median accuracy at optimizer step N / TRL's, ``none`` when a
+run of either system did not reach step N; the spread is of the per-seed ratios),
+``async_vs_sync_step_ratio`` (sync s/step / async s/step) and
+``sync_step_vs_gen_plus_train`` (the synchronous step against its generation + training); for rollflow
+and its synchronous baseline, where the time went (``rollflow.timing``): ``{system}_core_busy_min`` (the
+least busy core's share of the race), ``{system}_trainer_waiting_data_frac``,
 ``{system}_rollout_capacity_wait_frac``, ``{system}_rollout_paused_frac``, ``{system}_server_busy_frac``,
 and a ``# {system} time:`` line saying which role waits for which (the median-steps seed's).
 
-Run it::
+Run it (from the repository root: the configs' relative paths are relative to it)::
 
-    make bench-peer                                   # configs/tiny_hard.yaml, 3 seeds x 600 s each
+    make bench-peer                                   # configs/tiny_hard.yaml, 5 seeds x 600 s each
+    python -m bench.peer --config bench/tasks/sub_gap/config.yaml        # the outside-built task
     python -m bench.peer --config configs/tiny_hard2.yaml --seeds 1 2 3 --seconds 600
 
 What it is not: a test (the suite runs a few-second variant and checks only that both systems ran).
@@ -42,6 +59,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +92,8 @@ def _run(cmd: list[str], log: Path, threads: int) -> None:
 
 def _prompt_order(rows: list[dict[str, Any]], seed: int, n: int) -> list[dict[str, Any]]:
     """The first ``n`` prompts rollflow's rollout hands out for ``seed`` (one worker: global positions
-    0, 1, 2, ... through the epoch permutations of ``rollflow.rollout.prompt_source``)."""
+    0, 1, 2, ... through the epoch permutations of ``rollflow.rollout.prompt_source``), each with the
+    row's other fields as ``data`` (what rollflow hands the reward as ``**data``)."""
     from rollflow.rollout.prompt_source import epoch_order
 
     out, orders = [], {}
@@ -82,29 +101,78 @@ def _prompt_order(rows: list[dict[str, Any]], seed: int, n: int) -> list[dict[st
         epoch, pos = divmod(p, len(rows))
         order = orders.setdefault(epoch, epoch_order(len(rows), seed, epoch))
         row = rows[order[pos]]
-        out.append({"messages": row["messages"], "answer": row["answer"]})
+        data = {k: v for k, v in row.items() if k not in ("prompt_id", "messages", "answer")}
+        out.append({"messages": row["messages"], "answer": str(row["answer"]), "data": data})
     return out
 
 
+class TaskNotBuiltError(RuntimeError):
+    """``model.path`` does not exist and nothing beside the config says how to build it."""
+
+
+def start_model(config: str | Path, model_path: str | Path) -> Path:
+    """The starting model directory of a config without ``model.bootstrap_tiny`` (see the module docstring).
+
+    A missing directory is built by the ``make_task.py`` beside the config, as
+    ``python -m <module> --out <model_path's parent>`` (the task's convention: ``--out`` receives
+    ``model/`` and the dataset files); a hub name or a directory elsewhere must exist already.
+
+    Raises:
+        TaskNotBuiltError: the directory is missing and there is no ``make_task.py`` to build it.
+        RuntimeError: the build ran but left no model at ``model_path``.
+    """
+    path = Path(model_path).resolve()
+    if (path / "config.json").is_file():
+        return path
+    maker = Path(config).resolve().parent / "make_task.py"
+    if not maker.is_file():
+        raise TaskNotBuiltError(
+            f"model.path {model_path} is not a model directory (no config.json) and {maker.parent} has no "
+            "make_task.py to build it; build the model there first, or set model.path"
+        )
+    try:
+        module = ".".join(maker.relative_to(ROOT).with_suffix("").parts)
+    except ValueError as e:
+        raise TaskNotBuiltError(f"{maker} is outside {ROOT}; run it yourself with --out {path.parent}") from e
+    cmd = [sys.executable, "-m", module, "--out", str(path.parent)]
+    print(f"# {model_path} is missing: building it with {' '.join(cmd[1:])}", flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=sys.stderr)
+    if not (path / "config.json").is_file():
+        raise RuntimeError(f"{' '.join(cmd[1:])} finished but {path} holds no config.json")
+    return path
+
+
 def _curve(run_dir: Path, scorer: SnapshotScorer, base_acc: float) -> dict[str, Any]:
+    """The run's ``curve.json`` plus ``curve`` ([(training s, accuracy)]) and ``step_acc`` ({step: acc})."""
     doc = json.loads((run_dir / "curve.json").read_text())
     points = [(0.0, base_acc)]
+    step_acc = {"0": base_acc}
     for snap in doc["snapshots"]:
         if snap.get("file") is None or snap["t"] <= 0:
             continue
-        points.append((float(snap["t"]), scorer.accuracy(run_dir / snap["file"])))
+        acc = scorer.accuracy(run_dir / snap["file"])
+        points.append((float(snap["t"]), acc))
+        step_acc[str(int(snap["step"]))] = acc
         (run_dir / snap["file"]).unlink()  # scored; the curve is what we keep
     doc["curve"] = sorted(points)
+    doc["step_acc"] = step_acc  # JSON keys are strings
     return doc
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/tiny_hard.yaml")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--seconds", type=float, default=600.0, help="training seconds per run")
     p.add_argument("--sync-seconds", type=float, default=60.0, help="per seed; 0 = skip the sync baseline")
-    p.add_argument("--snapshot-every", type=float, default=30.0)
+    p.add_argument("--snapshot-every", type=float, default=30.0, help="training seconds between snapshots")
+    p.add_argument(
+        "--snapshot-steps",
+        type=int,
+        nargs="*",
+        default=list(PER_STEP),
+        help="optimizer steps that also get a snapshot: the per-step comparison's N",
+    )
     p.add_argument("--threads", type=int, default=2, help="the thread budget of each system")
     p.add_argument("--trl-lr", type=float, default=None, help="default: the config's train.lr")
     p.add_argument("--systems", nargs="+", default=["trl", "rollflow"], choices=["trl", "rollflow"])
@@ -126,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     from rollflow.data import load_prompts
     from rollflow.models.bootstrap import bootstrap_for
 
-    name = Path(args.config).stem
+    # a task folder's config.yaml is named after its folder (bench/tasks/sub_gap/config.yaml -> sub_gap)
+    name = Path(args.config).stem if Path(args.config).stem != "config" else Path(args.config).parent.name
     out = Path(args.out or ROOT / "bench" / "results" / f"peer_{name}").resolve()
     runs_dir = ROOT / "runs" / "peer" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -139,7 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.model.bootstrap_tiny:
         bootstrap_for(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model_path))))
     else:
-        model_path = Path(cfg.model.path)
+        try:
+            model_path = start_model(args.config, cfg.model.path)
+        except TaskNotBuiltError as e:
+            print(f"bench.peer: {e}", file=sys.stderr)
+            return 2
     common = [*args.overrides, f"model.path={model_path}", "model.bootstrap_tiny=false"]
     train_rows = load_prompts(cfg.dataset, cfg.dataset.train_split)
     eval_rows = load_prompts(cfg.dataset, cfg.eval.split or cfg.dataset.eval_split)
@@ -182,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                 "beta": 0.0,
                 "threads": args.threads,
                 "out_dir": str(run_dir),
+                "reward_fn": cfg.dataset.reward_fn,
+                "snapshot_steps": args.snapshot_steps,
             }
             spec_path.write_text(json.dumps(spec))
             _run([str(TRL_PY), "bench/peer_trl.py", str(spec_path)], run_dir / "log.txt", args.threads)
@@ -193,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seed": seed,
                 "seconds": args.sync_seconds if sync else args.seconds,
                 "snapshot_every_s": args.snapshot_every,
+                "snapshot_steps": args.snapshot_steps,
                 "out_dir": str(run_dir),
                 "sync": sync,
                 "threads": cfg.train.threads,
@@ -214,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-    summary = summarize(runs, args.seconds)
+    summary = summarize(runs, args.seconds, args.snapshot_steps)
     for k, v in summary.items():
         print(f"{k} {v}")
     for line in timing_lines(runs):
@@ -239,7 +315,40 @@ def _fmt(x: float) -> str:
     return "none" if not math.isfinite(x) else f"{x:.3f}"
 
 
-def summarize(runs: list[dict[str, Any]], seconds: float) -> dict[str, str]:
+PER_STEP = (500, 1000, 1500)  # optimizer steps of the per-step comparison (issue 17)
+
+
+def per_step_keys(by: dict[str, list[dict[str, Any]]], steps: Sequence[int] = PER_STEP) -> dict[str, str]:
+    """Accuracy at optimizer step N of each system in ``by`` (runs by system), and rollflow's over TRL's.
+
+    For N in ``steps``: ``{system}_acc_at_step_{N}``, the median over the runs that reached step N
+    (``none`` if none did); with both systems, ``per_step_acc_ratio_at_{N}`` = median(rollflow) /
+    median(TRL), ``none`` unless every run of both reached N (a median over the faster seeds alone would
+    flatter the slower system) or when TRL's median is 0; its ``_spread`` is min..max of the per-seed
+    ratios (same seed, both reached N, TRL's accuracy > 0).
+    """
+    out: dict[str, str] = {}
+    systems = [name for name in ("trl", "rollflow") if by.get(name)]
+    for n in steps:
+        at = {name: {r["seed"]: r.get("step_acc", {}).get(str(n)) for r in by[name]} for name in systems}
+        for name, by_seed in at.items():
+            reached = [a for a in by_seed.values() if a is not None]
+            out[f"{name}_acc_at_step_{n}"] = _fmt(median(reached)) if reached else "none"
+            out[f"{name}_acc_at_step_{n}_spread"] = spread(reached)
+        if len(systems) < 2:
+            continue
+        trl, rollflow = at["trl"], at["rollflow"]
+        ratio = math.nan
+        if all(a is not None for a in [*trl.values(), *rollflow.values()]):
+            denominator = median(list(trl.values()))
+            ratio = median(list(rollflow.values())) / denominator if denominator > 0 else math.nan
+        paired = [rollflow[seed] / a for seed, a in trl.items() if a and rollflow.get(seed) is not None]
+        out[f"per_step_acc_ratio_at_{n}"] = _fmt(ratio)
+        out[f"per_step_acc_ratio_at_{n}_spread"] = spread(paired)
+    return out
+
+
+def summarize(runs: list[dict[str, Any]], seconds: float, steps: Sequence[int] = PER_STEP) -> dict[str, str]:
     """The printed ``key value`` figures (medians over seeds; ``_spread`` keys give min..max)."""
     by: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
@@ -267,6 +376,7 @@ def summarize(runs: list[dict[str, Any]], seconds: float) -> dict[str, str]:
         times = [time_to(r["curve"], target) for r in by["rollflow"]]
         out["time_to_trl_final_ratio"] = _fmt(median(times) / seconds)
         out["time_to_trl_final_spread"] = spread(times)
+    out.update(per_step_keys(by, steps))
     if "rollflow" in by:
         times = [time_to(r["curve"], 0.8) for r in by["rollflow"]]
         out["rollflow_time_to_0.8"] = _fmt(median(times))

@@ -3,8 +3,12 @@
 What it is: ``SnapshotScorer`` loads the run's starting model once, then for each snapshot (a
 safetensors state dict written by ``bench/peer_trl.py`` or ``bench/peer_rollflow.py``) loads the weights
 in place and decodes every held-out prompt greedily in one left-padded batch with ``model.generate``;
-accuracy is the share of completions the task's reward scores >= 0.5. Both systems' snapshots go through
-this one function, so neither is scored by its own code. Plus the pure curve functions the harness
+accuracy is the share of completions the task's reward scores >= 0.5. The prompts are rendered by the
+model's own chat template and tokenized without adding special tokens, as rollflow's rollout and TRL
+render them; the reward is called as rollflow calls it (``rollflow.rewards.protocol``): the last user
+message, the completion decoded with special tokens skipped, the answer and the row's other fields;
+a reward that raises scores 0. Both systems' snapshots go through this one function, so neither is
+scored by its own code. Plus the pure curve functions the harness
 prints: value at a time, first time a level is reached, medians.
 
 What it is not: the product's evaluation (``rollflow.evaluation`` scores whatever the inference servers
@@ -49,7 +53,13 @@ class SnapshotScorer:
             self.tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
             for r in rows
         ]
-        self.prompts = texts
+        # what the reward sees as `prompt`: the last user message, as in rollflow's rollout
+        self.prompts = [
+            next((m["content"] for m in reversed(r["messages"]) if m.get("role") == "user"), "") for r in rows
+        ]
+        self.data = [
+            {k: v for k, v in r.items() if k not in ("prompt_id", "messages", "answer")} for r in rows
+        ]
         self.enc = self.tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
     def load(self, snapshot: str | Path | None) -> None:
@@ -80,9 +90,21 @@ class SnapshotScorer:
             )  # [b, P + new]
             texts = self.tok.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
             hi = lo + self.batch_size
-            for row, prompt, text in zip(self.rows[lo:hi], self.prompts[lo:hi], texts, strict=True):
-                correct += self.reward_fn(prompt, text, row["answer"]) >= 0.5
+            for row, prompt, data, text in zip(
+                self.rows[lo:hi], self.prompts[lo:hi], self.data[lo:hi], texts, strict=True
+            ):
+                correct += self.score(prompt, text, str(row["answer"]), data) >= 0.5
         return correct / max(1, n)
+
+    def score(self, prompt: str, completion: str, answer: str, data: dict[str, Any]) -> float:
+        """The reward, or 0.0 when it raises or returns a non-number (rollflow's runner does the same)."""
+        try:
+            value = self.reward_fn(prompt, completion, answer, **data)
+        except Exception:  # noqa: BLE001 - a reward that raises is a wrong answer, as in rollflow
+            return 0.0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return 0.0
+        return float(value)
 
 
 def value_at(curve: Curve, t: float, *, final_from: float | None = None) -> float:

@@ -9,13 +9,14 @@ or MLflow, so that nothing but rollflow's own machinery is on the clock:
   rollout loop started with the trainer: TRL's clock likewise starts after its model is loaded) and
   stops at the first step end past ``seconds``; the time spent copying snapshots is taken off it;
 * a snapshot of the trainer's weights is kept whenever the clock crosses a multiple of
-  ``snapshot_every_s`` (after the step that crossed it) and at the end, then evaluated offline by
+  ``snapshot_every_s`` (after the step that crossed it), after each optimizer step listed in
+  ``snapshot_steps`` (the per-step comparison with TRL) and at the end, then evaluated offline by
   ``bench.peer`` with the same code as TRL's snapshots (the model it starts from is the 0 s point);
 * ``sync: true`` runs the synchronous baseline (``rollout.max_staleness=0`` and
   ``rollout.pause_during_training``: the trainer pauses the servers around each step).
 
 Spec keys: ``config``, ``overrides`` (dotted), ``seed``, ``seconds``, ``snapshot_every_s``,
-``out_dir``, ``sync``. Output: ``out_dir/curve.json`` (+ ``snap-NNN.safetensors``), the same format as
+``snapshot_steps`` (optional), ``out_dir``, ``sync``. Output: ``out_dir/curve.json`` (+ ``snap-NNN.safetensors``), the same format as
 ``bench/peer_trl.py``, plus rollflow's per-step timings and rollout counters.
 
 What it is not: a product entry point (use ``flows/async_rl.py``) or an evaluator (``bench.peer_eval``).
@@ -76,10 +77,19 @@ class Clock:
 
 
 class SnapshotHooks:
-    """TrainerHooks: keep a copy of the weights at each ``every_s`` mark; pause servers in sync mode."""
+    """TrainerHooks: keep a copy of the weights at each ``every_s`` mark and after each step in ``steps``;
+    pause servers in sync mode."""
 
-    def __init__(self, clock: Clock, every_s: float, budget_s: float, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        every_s: float,
+        budget_s: float,
+        stop: threading.Event,
+        steps: tuple[int, ...] = (),
+    ) -> None:
         self.clock, self.every_s, self.budget_s, self.stop = clock, every_s, budget_s, stop
+        self.steps = frozenset(steps)  # versions (= optimizer steps done) that get a snapshot
         self.trainer: Any = None
         self.control: Any = None  # infra.control.ServerControl in the synchronous baseline
         self.snapshots: list[dict[str, Any]] = []
@@ -107,7 +117,7 @@ class SnapshotHooks:
             self.control.resume()
         now = self.clock.now()
         self.step_ends.append(now)
-        if now >= self._next_mark or now >= self.budget_s:
+        if now >= self._next_mark or now >= self.budget_s or version in self.steps:
             self.take(version)
         if now >= self.budget_s:
             self.stop.set()
@@ -199,7 +209,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     sink = InMemorySink()
     stop = threading.Event()
     clock = Clock()
-    hooks = SnapshotHooks(clock, every, seconds, stop)
+    hooks = SnapshotHooks(clock, every, seconds, stop, tuple(spec.get("snapshot_steps", ())))
     servers = launch_local_servers(cfg.inference, cfg.model.path, log_dir=out / "server-logs")
     timeline = Timeline()  # where the time goes (rollflow.timing): the same accounting as the flow's
     reporters: list[TimingReporter] = []

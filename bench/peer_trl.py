@@ -7,20 +7,30 @@ optimizer step, one AdamW step per generation, no reference model when beta == 0
 loss (loss_type "dapo", scale_rewards "group", epsilon 0.2). TRL is synchronous: each step generates with
 the current weights, then trains on what it generated; nothing overlaps.
 
-What it is not: part of rollflow. It imports nothing from rollflow, prefect or mlflow (only torch,
-transformers, trl, datasets, safetensors and the stdlib), so it runs in its own venv and TRL never becomes
-a rollflow dependency. It does not evaluate: scoring the snapshots is the harness's job.
+The reward is the task's own function, named by `reward_fn` ("pkg.module:function", the config's
+`dataset.reward_fn`) and imported by name, so both systems are scored by the same code; it is called as
+rollflow calls it (rollflow/rewards/protocol.py): `fn(prompt, completion, answer, **data)` with the last
+user message, the completion text (TRL decodes with skip_special_tokens=True, as rollflow does), the
+answer and the prompt's `data`. A reward that raises or returns a non-number scores 0, as in rollflow.
+Without `reward_fn`, exact match of the stripped completion.
+
+What it is not: part of rollflow. Its own imports are torch, transformers, trl, datasets, safetensors and
+the stdlib - never rollflow, prefect or mlflow - so it runs in its own venv and TRL never becomes a
+rollflow dependency (the reward module is the task's; rollflow's built-in rewards import only their own
+package). It does not evaluate: scoring the snapshots is the harness's job.
 
 Run:
     make trl-venv                                   # .venv-trl: torch 2.13.0 CPU + bench/requirements-trl.txt
     .venv-trl/bin/python bench/peer_trl.py SPEC.json
 
-SPEC.json keys (all required; unknown keys are reported on stderr and ignored):
+SPEC.json keys (required unless marked optional; unknown keys are reported on stderr and ignored):
     model_path        save_pretrained dir of a causal LM + tokenizer with a chat template (eos ends a turn)
-    prompts           [{"messages": [{"role": "user", "content": ...}], "answer": "42"}, ...] in the order
-                      to use; cycled when exhausted
+    prompts           [{"messages": [{"role": "user", "content": ...}], "answer": "42", "data": {...}}, ...]
+                      in the order to use ("data", optional: the row's other fields); cycled when exhausted
     seed, seconds, max_steps, snapshot_every_s, lr, batch_prompts, group_size, max_new_tokens,
     temperature, grad_clip, beta, threads, out_dir
+    reward_fn         optional: "pkg.module:function", the reward (default: exact match)
+    snapshot_steps    optional: optimizer steps after which a snapshot is also taken
 
 The clock: seconds since training started (after TRL has built the dataloader and optimizer, just before
 the first batch is drawn), minus the time this script spends taking snapshots. Training stops at the
@@ -28,12 +38,13 @@ first step end where the clock reaches `seconds`, or after `max_steps`.
 
 Writes to out_dir (which must not already hold results):
     snap-NNN.safetensors   policy weights at clock 0, at each step end where the clock crossed a multiple
-                           of snapshot_every_s, and at the end. Keys are the model's state_dict keys;
+                           of snapshot_every_s or the step is in snapshot_steps, and at the end. Keys are the model's state_dict keys;
                            tied weights come out as two equal tensors (embed_tokens and lm_head), and
                            `load_state_dict(..., strict=True)` into from_pretrained's model accepts them.
     curve.json             {"system": "trl", "trl_version", "seed", "steps", "train_seconds", "completions",
                            "completions_per_s", "step_seconds" (per step, sums to train_seconds),
-                           "reward_mean", "zero_variance_frac" (per step), "snapshots": [{"t", "step",
+                           "reward_mean", "zero_variance_frac" (per step), "reward_errors",
+                           "snapshots": [{"t", "step",
                            "completions", "file"}], "snapshot_seconds" (off the clock),
                            "train_cpu_seconds", "config" (TRL's effective settings)}
 and prints `key value` lines: trl_steps, trl_train_seconds, trl_completions_per_s, trl_s_per_step.
@@ -42,11 +53,13 @@ and prints `key value` lines: trl_steps, trl_train_seconds, trl_completions_per_
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +96,7 @@ SPEC_KEYS: dict[str, tuple[type, ...]] = {
     "threads": (int,),
     "out_dir": (str,),
 }
+OPTIONAL_KEYS: dict[str, tuple[type, ...]] = {"reward_fn": (str,), "snapshot_steps": (list,)}
 
 
 class SpecError(ValueError):
@@ -102,13 +116,21 @@ def load_spec(path: Path) -> dict[str, Any]:
     missing = [k for k in SPEC_KEYS if k not in spec]
     if missing:
         raise SpecError(f"missing keys {missing}; every one of {list(SPEC_KEYS)} is required")
-    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    unknown = sorted(set(spec) - set(SPEC_KEYS) - set(OPTIONAL_KEYS))
     if unknown:
         print(f"peer_trl: ignoring unknown spec keys {unknown}", file=sys.stderr)
-    for key, types in SPEC_KEYS.items():
+    for key, types in {**SPEC_KEYS, **OPTIONAL_KEYS}.items():
+        if key not in spec:
+            continue
         value = spec[key]
         if isinstance(value, bool) or not isinstance(value, types):
             raise SpecError(f"{key} must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
+    if "reward_fn" in spec and ":" not in spec["reward_fn"]:
+        raise SpecError(f"reward_fn must look like 'pkg.module:function', got {spec['reward_fn']!r}")
+    if not all(
+        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in spec.get("snapshot_steps", [])
+    ):
+        raise SpecError(f"snapshot_steps must be a list of positive ints, got {spec['snapshot_steps']!r}")
     for key in ("seconds", "snapshot_every_s", "lr", "temperature"):
         if not spec[key] > 0:
             raise SpecError(f"{key} must be > 0, got {spec[key]}")
@@ -129,10 +151,11 @@ def load_spec(path: Path) -> dict[str, Any]:
             and p["messages"]
             and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in p["messages"])
             and isinstance(p.get("answer"), str)
+            and isinstance(p.get("data", {}), dict)
         ):
             raise SpecError(
-                f"prompts[{i}] must be {{'messages': [{{'role': ..., 'content': ...}}, ...], 'answer': str}}, "
-                f"got {str(p)[:200]}"
+                f"prompts[{i}] must be {{'messages': [{{'role': ..., 'content': ...}}, ...], 'answer': str, "
+                f"'data': {{...}} (optional)}}, got {str(p)[:200]}"
             )
     model_path = Path(spec["model_path"])
     if not (model_path / "config.json").is_file():
@@ -154,9 +177,33 @@ def cyclic_rows(prompts: list[dict[str, Any]], batch_prompts: int) -> list[dict[
     return [{"prompt": prompts[i % n]["messages"], "answer": prompts[i % n]["answer"]} for i in range(length)]
 
 
+def exact_match(prompt: str, completion: str, answer: str, **data: Any) -> float:
+    """The default reward: 1.0 if the stripped completion is the stripped answer."""
+    del prompt, data
+    return 1.0 if completion.strip() == answer.strip() else 0.0
+
+
+def import_reward(name: str | None) -> Callable[..., float]:
+    """The function named ``"pkg.module:function"`` (``exact_match`` for None)."""
+    if name is None:
+        return exact_match
+    module, _, attr = name.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise SystemExit(f"peer_trl: reward_fn {name!r} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def last_user_message(messages: list[dict[str, Any]]) -> str:
+    """What a reward sees as ``prompt`` (rollflow's contract)."""
+    return next((str(m["content"]) for m in reversed(messages) if m.get("role") == "user"), "")
+
+
 @dataclass
 class RewardLog:
-    """Exact-match reward plus per-step statistics.
+    """The task's reward plus per-step statistics.
 
     With steps_per_generation=1 and num_iterations=1, TRL scores exactly one generation batch per
     optimizer step, so one reward call = one step. It also checks TRL's order against the spec's.
@@ -165,26 +212,45 @@ class RewardLog:
     prompts: list[dict[str, Any]]
     batch_prompts: int
     group_size: int
+    reward_fn: Callable[..., float] = exact_match
     reward_mean: list[float] = field(default_factory=list)
     zero_variance_frac: list[float] = field(default_factory=list)
     completions: int = 0
+    errors: int = 0  # rewards that raised or returned a non-number (scored 0)
+
+    def score(self, prompt: dict[str, Any], completion: str) -> float:
+        """``reward_fn`` as rollflow calls it; 0.0 (counted) when it raises or returns a bad value."""
+        try:
+            value = self.reward_fn(
+                last_user_message(prompt["messages"]), completion, prompt["answer"], **prompt.get("data", {})
+            )
+        except Exception as e:  # noqa: BLE001 - a reward that raises scores 0, as in rollflow's runner
+            self.errors += 1
+            if self.errors == 1:
+                print(f"peer_trl: the reward raised {e!r}; scoring 0", file=sys.stderr)
+            return 0.0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self.errors += 1
+            return 0.0
+        return float(value)
 
     def __call__(
         self, prompts: list[Any], completions: list[Any], answer: list[str], **_: Any
     ) -> list[float]:
         g = self.group_size
         expected_rows = len(self.reward_mean) * self.batch_prompts  # first row of this step in the cycle
+        wanted = []
         for j in range(len(prompts) // g):
             want = self.prompts[(expected_rows + j) % len(self.prompts)]
-            if any(p != want["messages"] for p in prompts[j * g : (j + 1) * g]):
+            if any(p != want["messages"] for p in prompts[j * g : (j + 1) * g]) or any(
+                a != want["answer"] for a in answer[j * g : (j + 1) * g]
+            ):
                 raise RuntimeError(
                     f"TRL fed prompts out of order at step {len(self.reward_mean)}, group {j}: expected "
                     f"{want['messages']}, got {prompts[j * g]}; check shuffle_dataset / the sampler"
                 )
-        rewards = [
-            1.0 if completion_text(c).strip() == a.strip() else 0.0
-            for c, a in zip(completions, answer, strict=True)
-        ]
+            wanted += [want] * g
+        rewards = [self.score(want, completion_text(c)) for want, c in zip(wanted, completions, strict=True)]
         groups = [rewards[j : j + g] for j in range(0, len(rewards), g)]
         self.reward_mean.append(sum(rewards) / len(rewards))
         self.zero_variance_frac.append(sum(len(set(gr)) == 1 for gr in groups) / len(groups))
@@ -214,9 +280,16 @@ class Snapshot:
 class ClockCallback(TrainerCallback):
     """Keeps the training clock, takes in-memory snapshots off the clock, stops at `seconds`."""
 
-    def __init__(self, seconds: float, snapshot_every_s: float, rewards: RewardLog) -> None:
+    def __init__(
+        self,
+        seconds: float,
+        snapshot_every_s: float,
+        rewards: RewardLog,
+        snapshot_steps: tuple[int, ...] = (),
+    ) -> None:
         self.seconds = seconds
         self.every = snapshot_every_s
+        self.snapshot_steps = frozenset(snapshot_steps)
         self.rewards = rewards
         self.snapshots: list[Snapshot] = []
         self.step_seconds: list[float] = []
@@ -246,10 +319,10 @@ class ClockCallback(TrainerCallback):
         self.step_seconds.append(now - self.last)
         self.last = now
         self.cpu = time.process_time() - self.cpu0 - self.excluded_cpu
-        if now >= self.next_snap:
+        if now >= self.next_snap or state.global_step in self.snapshot_steps:
             started, started_cpu = time.perf_counter(), time.process_time()
             self.snapshot(model, now, state.global_step)
-            self.next_snap = (math.floor(now / self.every) + 1) * self.every
+            self.next_snap = max(self.next_snap, (math.floor(now / self.every) + 1) * self.every)
             self.excluded += time.perf_counter() - started
             self.excluded_cpu += time.process_time() - started_cpu
         if now >= self.seconds:
@@ -268,9 +341,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if tokenizer.chat_template is None or tokenizer.eos_token_id is None:
         raise SystemExit(f"peer_trl: the tokenizer in {model_path} needs a chat template and an eos token")
 
-    rewards = RewardLog(spec["prompts"], spec["batch_prompts"], spec["group_size"])
-    rewards.__name__ = "exact_match"  # TRL names reward columns after __name__
-    clock = ClockCallback(float(spec["seconds"]), float(spec["snapshot_every_s"]), rewards)
+    rewards = RewardLog(
+        spec["prompts"], spec["batch_prompts"], spec["group_size"], import_reward(spec.get("reward_fn"))
+    )
+    rewards.__name__ = "reward"  # TRL names reward columns after __name__
+    clock = ClockCallback(
+        float(spec["seconds"]),
+        float(spec["snapshot_every_s"]),
+        rewards,
+        tuple(spec.get("snapshot_steps", ())),
+    )
     config = GRPOConfig(
         output_dir=str(out_dir),  # required by TrainingArguments; nothing is saved there
         use_cpu=True,
@@ -335,6 +415,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "step_seconds": clock.step_seconds,
         "reward_mean": rewards.reward_mean,
         "zero_variance_frac": rewards.zero_variance_frac,
+        "reward_errors": rewards.errors,
         "snapshots": snapshots,
         "snapshot_seconds": clock.excluded,
         # CPU seconds of this process over the clock (all threads): on a shared machine, wall time varies

@@ -46,9 +46,12 @@ def test_notebook_executes(use_prefect_server: str, tmp_path: Path) -> None:
         if o.get("name") == "stdout"
     )
     assert "embedded run of trial demo-" in outputs and "final version 6" in outputs
-    # the cell labelled "accuracy before" prints the base policy's score (v0), not the final one (issue 21)
+    # the Python API ran with the reward defined in the notebook: it scored every trained completion there
     import re
 
+    scored = re.search(r"\((\d+) completions scored in this kernel\)", outputs)
+    assert scored and int(scored.group(1)) >= 6 * 16 * 8, outputs[-2000:]
+    # the cell labelled "accuracy before" prints the base policy's score (v0), not the final one (issue 21)
     from mlflow.tracking import MlflowClient
 
     m = re.search(r"MLflow run (\w+) ", outputs)
