@@ -273,4 +273,6 @@ class RLRun:
         params: dict[str, Any] = {"settings": to_dict(self.settings)}
         if self.trial is not None:
             params["trial"] = self.trial
-        return run_deployment(deployment, parameters=params, timeout=None if wait else 0)
+        # _sync: a plain call also inside a running event loop (a notebook kernel), where Prefect's
+        # sync_compatible would hand back a coroutine
+        return run_deployment(deployment, parameters=params, timeout=None if wait else 0, _sync=True)

@@ -190,7 +190,7 @@ class CheckpointPublisher:
     ) -> bool:
         """Publish ``version`` (after the previous one finished). False if it is <= floor (skipped)."""
         if version <= self.floor:
-            logger.debug(
+            logger.info(  # once per replayed step after a resume: part of the resume's story
                 "not publishing v%d: storage already has v%d (replayed step after restart)",
                 version,
                 self.floor,

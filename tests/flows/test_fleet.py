@@ -30,8 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 14
 
 
-def _child_cpu_servers() -> list[int]:
-    """Pids of CPU inference servers that are children of this test process."""
+def _child_cpu_servers(model: Path) -> list[int]:
+    """Pids of CPU inference servers that are children of this test process and serve ``model`` (other
+    tests' session-scoped servers, e.g. tests/agents', are children of this process too)."""
     me = str(os.getpid())
     pids = []
     for proc in Path("/proc").iterdir():
@@ -43,7 +44,7 @@ def _child_cpu_servers() -> list[int]:
         except OSError:
             continue
         ppid = stat.rsplit(")", 1)[1].split()[1]
-        if ppid == me and b"infra.cpu_server" in cmdline:
+        if ppid == me and b"infra.cpu_server" in cmdline and str(model).encode() in cmdline:
             pids.append(int(proc.name))
     return pids
 
@@ -92,7 +93,7 @@ def _run_and_kill_the_server(root: Path, trial: str, overrides: list[str]) -> di
         except (OSError, ValueError, KeyError):
             pass
         time.sleep(0.1)
-    pids = _child_cpu_servers()
+    pids = _child_cpu_servers(root.parent / "model")  # model.path of _overrides
     assert len(pids) == 1, pids
     os.kill(pids[0], signal.SIGKILL)
 
@@ -119,7 +120,7 @@ def test_kill_9_the_inference_server_mid_run_and_the_run_completes(
     # GC kept going across the restart (same address, same ack id): only a few versions remain.
     committed = [k for k in storage.list(keys.CHECKPOINT_DIR) if k.endswith("/COMMIT.json")]
     assert len(committed) <= 4, committed
-    assert not _child_cpu_servers()  # the restarted server was stopped with the run
+    assert not _child_cpu_servers(tmp_path / "model")  # the restarted server was stopped with the run
 
 
 def test_a_lost_server_fails_the_run_naming_the_rollout_loop_and_the_trainer_saves(
@@ -146,4 +147,4 @@ def test_a_lost_server_fails_the_run_naming_the_rollout_loop_and_the_trainer_sav
         stopped_at
     ]  # resume_every=1000: written at stop
     assert not storage.exists(keys.TRAINER_DONE_KEY)
-    assert not _child_cpu_servers()
+    assert not _child_cpu_servers(tmp_path / "model")
