@@ -6,6 +6,10 @@ with a parent-death signal, point this process at it, and stop it on exit. Prefe
 temporary server is a plain child process: after a SIGKILL of the flow process it runs on, holding
 ~230 MB, indefinitely. This one receives SIGTERM from the kernel when its parent dies, however it dies.
 With ``PREFECT_API_URL`` set it does nothing.
+No link points at it: it serves no UI and dies with the process, so while it is in use ``PREFECT_UI_URL``
+is empty, and Prefect's "View at ..." line and the ``prefect.flow_run_url`` lineage tag (MLflow run and
+registered model, ``tasks.runtime.flow_run_lineage``) are left out; the flow run id is still recorded.
+Against the user's own server (``PREFECT_API_URL`` set) both name that server's UI.
 On the way out it first drains Prefect's log and event queues into the server, then stops it: a queue left
 for Prefect's exit hook would retry against a stopped server for about 80 s after the run had ended
 (the process lingered at 0 % CPU, then printed "Error logging to API").
@@ -23,6 +27,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from infra.servers import free_port, start_servers
+
+PRIVATE_UI_ENV = "PREFECT_UI_URL"
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _healthy(url: str) -> bool:
@@ -47,6 +60,7 @@ def local_prefect_api(startup_timeout_s: float = 300.0) -> Iterator[str | None]:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
+    ui_before = os.environ.get(PRIVATE_UI_ENV)
     env = {
         "PREFECT_UI_ENABLED": "0",
         "PREFECT__SERVER_EPHEMERAL": "1",
@@ -72,11 +86,13 @@ def local_prefect_api(startup_timeout_s: float = 300.0) -> Iterator[str | None]:
         # every thread must see it: Prefect's log and event workers run outside this thread's context
         # and, finding no API URL, would start Prefect's own untied temporary server
         os.environ["PREFECT_API_URL"] = url
+        os.environ[PRIVATE_UI_ENV] = ""  # empty, not unset: unset, Prefect derives a UI link from the API URL
         refresh_global_settings_context()
         yield url
     finally:
         _drain_prefect_queues(timeout_s=10.0)
         os.environ.pop("PREFECT_API_URL", None)
+        _restore(PRIVATE_UI_ENV, ui_before)
         refresh_global_settings_context()
         group.stop()
 

@@ -112,15 +112,20 @@ def name_flow_run(name: str) -> None:
 
 
 def flow_run_lineage() -> dict[str, str]:
-    """Tags that link an MLflow run to the current Prefect flow run (id, name, UI link)."""
+    """Tags that link an MLflow run to the current Prefect flow run (id, name, UI link). The link is the
+    one Prefect's "View at" line gives, and only to a server with a UI: none for the ephemeral API or the
+    private one of a command-line run (``flows.local_api`` empties ``PREFECT_UI_URL``)."""
     from prefect.runtime import deployment, flow_run
-    from prefect.settings import PREFECT_UI_URL
+    from prefect.utilities.urls import url_for
 
     if not flow_run.id:
         return {}
     tags = {"prefect.flow_run_id": str(flow_run.id)}
-    if PREFECT_UI_URL.value():  # unset with the ephemeral API: there is no UI to link to
-        tags["prefect.flow_run_url"] = str(flow_run.ui_url)
+    # url_for, not prefect.runtime's flow_run.ui_url: that one builds /flow-runs/flow-run/<id>, a page
+    # Prefect 3's UI does not have (its route is /runs/flow-run/<id>)
+    url = url_for("flow-run", obj_id=str(flow_run.id))
+    if url:
+        tags["prefect.flow_run_url"] = url
     if deployment.id:
         tags["prefect.deployment"] = f"{flow_run.flow_name}/{deployment.name}"
     return tags

@@ -3,7 +3,8 @@
 What it is: ``MlflowTracker`` wraps ``MlflowClient`` for the life of a trial. It logs the flattened,
 secret-free config as params, hands out a thread-safe ``MetricsSink`` the loops report through,
 logs the resolved config / curve PNG / sample trajectories as plain JSON and PNG artifacts, and logs the
-final checkpoint as a transformers-flavour MLflow model (the registry gate and format: ``registry.py``).
+final checkpoint as an MLflow chat model (``chat_model.py``) that the registry gate may register
+(``registry.py``).
 The experiment is tagged as model training (``mlflow.experimentKind``), and no table is logged through
 ``log_table``, so MLflow's UI never files the runs under its GenAI evaluation views.
 What it is not: the source of any metric. It never imports prefect; Prefect artifacts live in tasks/.
@@ -30,7 +31,8 @@ from typing import Any
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.loader import flat_params, to_yaml
-from rollflow.tracking.registry import Registry, log_transformers_model
+from rollflow.tracking.chat_model import PolicyCard, log_chat_model
+from rollflow.tracking.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -298,14 +300,24 @@ class MlflowTracker:
     def register_checkpoint(
         self, local_dir: str | Path, *, version: int, extra_tags: dict[str, Any] | None = None
     ) -> str:
-        """Log a verified HF checkpoint dir as the run's transformers model ``model`` and register it
-        (moving the ``latest-rl`` alias); returns the registry version. The caller decides whether to."""
-        log_transformers_model(self.client, self.run_id, local_dir, "model")
+        """Log a verified HF checkpoint dir as the run's chat model (a logged model named ``model``) and
+        register it (moving the ``latest-rl`` alias); returns the registry version. The caller decides
+        whether to."""
         tags = {"policy_version": str(version), "trial": self.cfg.trial, "experiment": self.cfg.experiment}
         tags.update({k: str(v) for k, v in (extra_tags or {}).items()})
+        card = PolicyCard(
+            trial=self.cfg.trial,
+            experiment=self.cfg.experiment,
+            version=version,
+            base_model=self.cfg.model.path,
+            max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.generation.max_new_tokens,
+            eval_accuracy=tags.get("eval_accuracy"),
+            system_prompt=self.cfg.dataset.system_prompt,
+        )
+        model = log_chat_model(self.client, self.tracking_uri, self.run_id, local_dir, card)
         return self.registry.register(
             self.run_id,
-            "model",
+            model,
             tags=tags,
             description=f"rollflow policy version {version} of trial {self.cfg.trial}",
         )

@@ -11,13 +11,11 @@ What it is:
   was registered with (``Incumbent.rescored``); the detail then says so and gives both numbers, e.g.
   ``eval accuracy 0.9850 < incumbent v1 0.9950 (re-scored on this run's eval prompts; registered with
   0.9900)``, and ``incumbent_tags`` gives the same as separate tags.
-- ``log_transformers_model``: writes a Hugging Face checkpoint directory as an MLflow
-  ``transformers``-flavour model (``MLmodel`` + ``model/`` + ``components/tokenizer/``), so
-  ``mlflow.transformers.load_model``, ``mlflow.pyfunc.load_model`` and ``mlflow models serve`` work.
-  Only the files a model needs are copied: rollflow's own bookkeeping (``.rollflow-*``, ``COMMIT.json``)
-  stays out.
-- ``Registry``: find the incumbent, register a logged model with tags, move the alias, and download a
-  registered version back as one Hugging Face directory (for a retrain).
+- the model format is ``chat_model.py``'s: an MLflow 3 logged model in the transformers flavour with the
+  chat task, called with ``{"messages": [...]}`` (``mlflow.pyfunc``, ``mlflow models serve``).
+- ``Registry``: find the incumbent, register a logged model with tags (the version's source is the logged
+  model, ``models:/m-...``), move the alias, and download a registered version back as one Hugging Face
+  directory (for a retrain).
 What it is not: the run's params/metrics (``mlflow_tracker``) or the place a checkpoint is verified
 (storage verifies checksums before anything here reads the files).
 """
@@ -26,15 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollflow.tracking.chat_model import LoggedChatModel, model_files
+
 ALIAS = "latest-rl"
-_INTERNAL_PREFIXES = (".rollflow", ".")  # rollflow's markers and any hidden file
-_INTERNAL_NAMES = {"COMMIT.json", "rollflow_bootstrap.json"}
-_PIP_REQUIREMENTS = ["transformers", "torch", "safetensors", "tokenizers"]
 
 
 @dataclass(frozen=True)
@@ -112,35 +108,6 @@ def decide_registration(
     )
 
 
-def _model_files(src: Path) -> list[Path]:
-    return [
-        p
-        for p in sorted(src.iterdir())
-        if p.is_file() and not p.name.startswith(_INTERNAL_PREFIXES) and p.name not in _INTERNAL_NAMES
-    ]
-
-
-def log_transformers_model(client: Any, run_id: str, checkpoint_dir: str | Path, artifact_path: str) -> None:
-    """Save ``checkpoint_dir`` (a verified HF directory) as a transformers-flavour model under the run."""
-    import mlflow.transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with tempfile.TemporaryDirectory(prefix="rollflow-mlmodel-") as tmp:
-        clean = Path(tmp) / "hf"
-        clean.mkdir()
-        for f in _model_files(Path(checkpoint_dir)):
-            shutil.copy2(f, clean / f.name)
-        components = {
-            "model": AutoModelForCausalLM.from_pretrained(clean, dtype="auto", trust_remote_code=False),
-            "tokenizer": AutoTokenizer.from_pretrained(clean, trust_remote_code=False),
-        }
-        out = Path(tmp) / "mlmodel"
-        mlflow.transformers.save_model(
-            components, str(out), task="text-generation", pip_requirements=_PIP_REQUIREMENTS
-        )
-        client.log_artifacts(run_id, str(out), artifact_path)
-
-
 class Registry:
     """One registered model name in one MLflow tracking store."""
 
@@ -159,16 +126,18 @@ class Registry:
         acc = tags.get("eval_accuracy")
         return Incumbent(str(mv.version), float(acc) if acc not in (None, "") else None, tags)
 
-    def register(self, run_id: str, artifact_path: str, *, tags: dict[str, str], description: str) -> str:
-        """Create a model version from ``runs:/<run_id>/<artifact_path>`` and point the alias at it."""
+    def register(self, run_id: str, model: LoggedChatModel, *, tags: dict[str, str], description: str) -> str:
+        """Create a model version of the logged ``model`` (``models:/m-...``, made by ``run_id``) and point
+        the alias at it."""
         from mlflow.exceptions import MlflowException
 
         with contextlib.suppress(MlflowException):  # already exists
             self.client.create_registered_model(self.model_name)
         mv = self.client.create_model_version(
             self.model_name,
-            source=f"runs:/{run_id}/{artifact_path}",
+            source=model.model_uri,
             run_id=run_id,
+            model_id=model.model_id,
             tags=tags,
             description=description,
         )
@@ -199,7 +168,7 @@ class Registry:
             shutil.rmtree(hf)
         hf.mkdir()
         for sub in (local / "model", local / "components" / "tokenizer"):
-            for f in _model_files(sub) if sub.is_dir() else []:
+            for f in model_files(sub) if sub.is_dir() else []:
                 shutil.copy2(f, hf / f.name)
         if not (hf / "config.json").exists():
             raise LookupError(f"{self.model_name} v{inc.version} is not a transformers-flavour model")

@@ -72,6 +72,9 @@ def test_async_rl_learns_and_reports(
     versions = client.search_model_versions("name = 'tiny-arith-policy'")
     assert versions and versions[0].tags["policy_version"] == "30"
     assert versions[0].tags["prefect.flow_run_id"] == run.data.tags["prefect.flow_run_id"]
+    # the link is the flow run's page on the user's Prefect server (issue 21 §3)
+    page = f"{use_prefect_server.removesuffix('/api')}/runs/flow-run/{run.data.tags['prefect.flow_run_id']}"
+    assert versions[0].tags["prefect.flow_run_url"] == run.data.tags["prefect.flow_run_url"] == page
     assert run.data.tags["rollflow.registry.reason"] == "first-version"
     assert run.data.tags["mlflow.source.git.commit"] and run.data.tags["rollflow.data_window"].startswith(
         "synthetic:"

@@ -79,6 +79,52 @@ CASES = [
 ]
 
 
+# Math-Verify's own number-extraction regression cases (huggingface/Math-Verify, tests/test_all.py,
+# test_number_extraction), as (gold, prediction, expected): before it took their number formats this
+# verifier scored 13 of the 19 (it found 2 in "AZYUK2A", and missed "1 000" and the decimal comma).
+MATH_VERIFY_NUMBER_CASES = [
+    ("-5", "-5", 1.0),
+    ("7425000", "7,425,000", 1.0),
+    ("1000", "1 000", 1.0),  # a space between thousands
+    ("1000", "1000.0", 1.0),
+    ("1000.0", "1,000.0", 1.0),
+    ("1000.99", "1000,99", 1.0),  # a decimal comma
+    ("1,22", "1.22", 1.0),  # ... in the reference too
+    ("2.74", "Soucis : 2,74 $ a..", 1.0),
+    ("0.4", ".4", 1.0),
+    ("1000.99", "1,000.99", 1.0),
+    ("1000.99", "1,000.99", 1.0),
+    ("1000.99", "$1,000.99", 1.0),
+    ("1000.99", "1,000.99$", 1.0),
+    ("1000.99", "the number is not 10 which is 1,000.99€", 1.0),
+    ("1000.99", "the number is not 10 which is 1,000.99€", 1.0),
+    ("1000.99", "so the number is 10 which is 1,000.99m²", 1.0),
+    ("1000.99", "not it's not 10 it's 1,000.99m²", 1.0),
+    ("0,111", "0.111", 1.0),  # "0," is never a thousands separator
+    ("2", "AZYUK2A", 0.0),  # digits glued to letters are not a number
+]
+
+
+@pytest.mark.parametrize(("reference", "completion", "expected"), MATH_VERIFY_NUMBER_CASES)
+def test_math_verify_number_extraction_cases(reference: str, completion: str, expected: float) -> None:
+    assert math_reward_fn("prompt", completion, reference) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "expected"),
+    [
+        ("#### 1,234", "1.234", 0.0),  # a comma before three digits stays a thousands separator
+        ("The point is (2,3)", "2.3", 0.0),  # a pair is not a decimal comma ...
+        ("The answer is 3,4,5", "3.4", 0.0),  # ... nor is a list
+        ("The answer is 12 345 apples", "12345", 1.0),
+        ("Give 1 1/2 cups", "1.5", 1.0),  # a mixed number is not a thousands group
+        ("The code v2 is wrong", "2", 0.0),
+    ],
+)
+def test_separators_are_read_as_people_write_them(completion: str, reference: str, expected: float) -> None:
+    assert math_reward_fn("prompt", completion, reference) == expected
+
+
 @pytest.mark.parametrize(("completion", "reference", "expected"), CASES)
 def test_math_reward_cases(completion: str, reference: str, expected: float) -> None:
     assert math_reward_fn("prompt", completion, reference) == expected

@@ -62,7 +62,11 @@ def test_run_params_metrics_registry_over_http(mlflow_server: str, tmp_path: Pat
     history = client.get_metric_history(run_id, "eval/accuracy")
     assert [m.step for m in history] == [0, 1, 2]
     artifacts = {a.path for a in client.list_artifacts(run_id)}
-    assert {"config", "plots", "trajectories", "model"} <= artifacts
+    assert {"config", "plots", "trajectories"} <= artifacts
+    # the policy is not a run artifact but the run's logged model (MLflow 3), found by searching
+    (logged,) = client.search_logged_models([run["info"]["experiment_id"]])
+    assert logged.source_run_id == run_id
+    assert [o.model_id for o in client.get_run(run_id).outputs.model_outputs] == [logged.model_id]
 
     # The registered policy downloads and loads with transformers, tagged with its policy version.
     local, tags = download_latest_registered(mlflow_server, tracker.model_name, tmp_path / "dl")

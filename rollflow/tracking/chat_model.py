@@ -1,0 +1,172 @@
+"""The registered policy as an MLflow chat model: called with messages, answered through the chat template.
+
+What it is: ``log_chat_model`` writes a verified Hugging Face checkpoint directory as an MLflow 3 *logged
+model* (``mlflow.search_logged_models`` finds it; it is linked to the run as an output, with the run's
+metrics at ``step`` = the policy version) in the ``transformers`` flavour with MLflow's chat task
+``llm/v1/chat``. Its signature takes OpenAI-style chat input, so both ways of calling it give the answer
+the held-out evaluation scored:
+
+    mlflow.pyfunc.load_model("models:/NAME/1").predict({"messages": [{"role": "user", "content": "12+14="}]})
+    curl -d '{"messages": [{"role": "user", "content": "12+14="}]}' -H 'Content-Type: application/json' \\
+        http://127.0.0.1:5001/invocations      # after `mlflow models serve -m models:/NAME/1 ...`
+
+- the messages go through the tokenizer's chat template with the assistant turn opened
+  (``apply_chat_template(..., add_generation_prompt=True)``), exactly the prompt the rollouts and the
+  evaluation render (``rollflow.workflows.rlvr.render_chat``); a raw prompt without the template is not
+  what the policy was trained on;
+- decoding is greedy (``do_sample=False``, as the held-out evaluation) up to ``max_new_tokens`` (the
+  config's ``rollout.generation.max_new_tokens``; a request's ``max_tokens`` overrides it) and stops at
+  the tokenizer's EOS; the reply is a ``chat.completion`` object (``choices[0].message.content``);
+- the model card (``model_card.md`` / ``model_card_data.yaml``) says which trial and version it is and
+  what it was trained from; the license is the base model's (``declared_license``).
+
+Only the files a model needs are copied: rollflow's own bookkeeping (``.rollflow-*``, ``COMMIT.json``,
+the bootstrap marker) stays out. What it is not: the registry gate or the model version and its alias
+(``registry.py``), nor any check of the checkpoint (storage verified its checksums before this reads it).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CHAT_TASK = "llm/v1/chat"
+MODEL_NAME = "model"  # the logged model's name (MLflow 3: ``name=``, not ``artifact_path=``)
+MODEL_TYPE = "rollflow-policy"
+_INTERNAL_PREFIXES = (".rollflow", ".")  # rollflow's markers and any hidden file
+_INTERNAL_NAMES = {"COMMIT.json", "rollflow_bootstrap.json"}
+_PIP_REQUIREMENTS = ["transformers", "torch", "safetensors", "tokenizers"]
+
+
+@dataclass(frozen=True)
+class LoggedChatModel:
+    model_id: str  # ``m-...``: the MLflow 3 logged model
+    model_uri: str  # ``models:/m-...``
+
+
+@dataclass(frozen=True)
+class PolicyCard:
+    """What the model card says about a registered policy."""
+
+    trial: str
+    experiment: str
+    version: int
+    base_model: str  # the config's ``model.path``: a hub id or a local directory
+    max_new_tokens: int
+    eval_accuracy: str | None = None
+    system_prompt: str | None = None  # the dataset's ``system_prompt``: training put it first
+
+
+def model_files(src: Path) -> list[Path]:
+    """The files of ``src`` a Hugging Face model needs (rollflow's bookkeeping left out)."""
+    return [
+        p
+        for p in sorted(src.iterdir())
+        if p.is_file() and not p.name.startswith(_INTERNAL_PREFIXES) and p.name not in _INTERNAL_NAMES
+    ]
+
+
+def declared_license(base_model: str) -> str:
+    """The base model's license as its card declares it (``README.md`` front matter of a local directory);
+    rollflow's own (Apache-2.0) for the tiny model rollflow bootstrapped; else ``other``, for which MLflow
+    says it found no license information. For a hub id MLflow first fetches the repository's
+    ``LICENSE`` file itself, when the hub can be reached."""
+    base = Path(base_model)
+    if (base / "rollflow_bootstrap.json").is_file():
+        return "apache-2.0"
+    readme = base / "README.md"
+    if readme.is_file():
+        from huggingface_hub import ModelCard
+
+        try:
+            value = ModelCard.load(readme).data.license
+        except Exception:  # noqa: BLE001 (a card we cannot parse declares nothing)
+            value = None
+        if value:
+            return str(value)
+    return "other"
+
+
+def model_card(card: PolicyCard) -> Any:
+    """A ``huggingface_hub.ModelCard`` for the policy (MLflow writes it beside the model)."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    data = ModelCardData(
+        license=declared_license(card.base_model),
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=["rollflow", "reinforcement-learning", "chat"],
+    )
+    accuracy = f"; held-out accuracy {card.eval_accuracy}" if card.eval_accuracy else ""
+    system = (
+        f"Training put this system message first: `{card.system_prompt}`.\n\n" if card.system_prompt else ""
+    )
+    text = (
+        f"---\n{data.to_yaml()}\n---\n\n"
+        f"# {card.experiment} policy, trial {card.trial}, version {card.version}\n\n"
+        f"Trained with reinforcement learning by rollflow from `{card.base_model}`{accuracy}.\n\n"
+        "Call it with chat messages; they go through the tokenizer's chat template, as in training, and\n"
+        f"the answer is greedy, at most {card.max_new_tokens} new tokens:\n\n"
+        '    {"messages": [{"role": "user", "content": "..."}]}\n\n'
+        f"{system}License: the base model's (see its repository).\n"
+    )
+    return ModelCard(text)
+
+
+def log_chat_model(
+    client: Any, tracking_uri: str, run_id: str, checkpoint_dir: str | Path, card: PolicyCard
+) -> LoggedChatModel:
+    """Log ``checkpoint_dir`` (a verified HF directory) as the run's chat model (module docstring).
+
+    The logged model is created in the run's experiment (MLflow's fluent default would file it under
+    the experiment in the process's context, usually ``0``) and tagged with the trial and version.
+    MLflow's model logging writes through the process-wide tracking URI: it is ``tracking_uri`` while
+    this runs, and is put back after."""
+    import mlflow
+
+    experiment_id = client.get_run(run_id).info.experiment_id
+    logged = client.create_logged_model(
+        experiment_id,
+        name=MODEL_NAME,
+        source_run_id=run_id,
+        model_type=MODEL_TYPE,
+        tags={"rollflow.trial": card.trial, "rollflow.policy_version": str(card.version)},
+    )
+    previous_uri = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        uri = _log_transformers(logged.model_id, run_id, Path(checkpoint_dir), card)
+    finally:
+        mlflow.set_tracking_uri(previous_uri)
+    return LoggedChatModel(logged.model_id, uri)
+
+
+def _log_transformers(model_id: str, run_id: str, checkpoint_dir: Path, card: PolicyCard) -> str:
+    """Write the model files into the logged model ``model_id``; returns its URI."""
+    import mlflow.transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="rollflow-mlmodel-") as tmp:
+        clean = Path(tmp) / "hf"
+        clean.mkdir()
+        for f in model_files(checkpoint_dir):
+            shutil.copy2(f, clean / f.name)
+        model = AutoModelForCausalLM.from_pretrained(clean, dtype="auto", trust_remote_code=False)
+        # the name MLflow records as the source (and looks a license up under): the base model, not a temp dir
+        model.name_or_path = card.base_model
+        tokenizer = AutoTokenizer.from_pretrained(clean, trust_remote_code=False)
+        info = mlflow.transformers.log_model(
+            {"model": model, "tokenizer": tokenizer},
+            name=MODEL_NAME,
+            model_id=model_id,
+            run_id=run_id,
+            step=card.version,
+            task=CHAT_TASK,
+            model_config={"do_sample": False, "max_new_tokens": card.max_new_tokens},
+            model_card=model_card(card),
+            pip_requirements=_PIP_REQUIREMENTS,
+        )
+    return str(info.model_uri)
