@@ -26,10 +26,14 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.auto_resume import begin_auto_resume, charge_auto_resume, not_resumable_state
 from flows.console import VERBOSE_HELP
 from flows.distributed import run_distributed
+from flows.end_state import state_real_end_states
+from flows.run_name import async_rl_run_name, planned_trial
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.parameter_secrets import refuse_secret_overrides_for_other_processes
 from tasks.bootstrap import bootstrap_model
@@ -121,6 +125,7 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
 
 @flow(
     name="async-rl",
+    flow_run_name=async_rl_run_name,  # async-rl-<trial> from the first log line (flows/run_name.py)
     task_runner=ThreadPoolTaskRunner(max_workers=8),
     log_prints=True,
 )
@@ -131,8 +136,12 @@ def async_rl(
     trial: str | None = None,
     resume: bool = False,
     retrain_from_registry: bool = False,
-) -> dict[str, Any]:
+    auto_resume_of: str | None = None,
+) -> dict[str, Any] | State:
     """Fully asynchronous GRPO/PPO: rollout and training concurrently, meeting only through storage.
+
+    A deployment run whose failure a resume would only repeat ends Failed as ``NotResumable``, saying
+    why; any other failure is resumed by the deployment's trigger (``flows/auto_resume.py``).
 
     Args:
         config: path of an experiment YAML (relative to the project dir); ignored when ``settings``
@@ -147,17 +156,44 @@ def async_rl(
             or registered again.
         retrain_from_registry: start from the registered policy (the ``latest-rl`` alias) on a
             fresh data draw (the nightly retrain).
+        auto_resume_of: the name of the crashed or failed ``async-rl-<trial>`` run this run resumes
+            (set by the deployments' auto-resume trigger): implies its trial and ``resume``, and counts
+            against ``orchestration.max_auto_resumes``.
     """
+    try:
+        return run_async_rl(config, overrides, settings, trial, resume, retrain_from_registry, auto_resume_of)
+    except Exception as exc:
+        state = not_resumable_state(exc)
+        if state is None:
+            raise
+        return state
+
+
+def run_async_rl(
+    config: str | None = DEFAULT_CONFIG,
+    overrides: list[str] | None = None,
+    settings: ExperimentConfig | None = None,
+    trial: str | None = None,
+    resume: bool = False,
+    retrain_from_registry: bool = False,
+    auto_resume_of: str | None = None,
+) -> dict[str, Any]:
+    """The body of the ``async-rl`` flow; the arguments are the flow's (``async_rl``)."""
     from storage.fs import Storage
 
     configure_process_env()
+    state_real_end_states()  # a cancelled run's last line says Cancelled, not Running() (flows/end_state.py)
     with core_logs_to_this_run():
         logger = get_run_logger()
+        if auto_resume_of:
+            trial, resume = begin_auto_resume(auto_resume_of), True
         overrides = list(overrides or [])
         cfg = resolve_config(config, overrides, data=config_data(settings))
         if cfg.orchestration.mode == "distributed":
             refuse_secret_overrides_for_other_processes("distributed mode's deployment runs")
         named = trial if trial is not None else (cfg.trial if named_in_overrides(overrides) else None)
+        if named is None and not resume:  # the fresh trial the run's name announced
+            named = planned_trial()
         plan = choose_trial(
             cfg.trial,
             named=named,
@@ -172,6 +208,8 @@ def async_rl(
             return _report_finished(cfg, plan.done or {}, logger)
         if plan.state == "trained":  # stopped between training and finalization: finish that, once
             return finalize_trained(cfg, plan.done or {}, logger)
+        if auto_resume_of:
+            charge_auto_resume(cfg, auto_resume_of, logger)
         source_version = None
         if retrain_from_registry and plan.state == "new":
             cfg, source_version = _from_registry(cfg, logger)

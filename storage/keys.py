@@ -18,6 +18,8 @@ trainer/state-{step:08d}.json, trainer/state-{step:08d}/  resume point (+ model/
 trainer/DONE.json                                         the trainer finished
 FINALIZED.json                                            the trial is whole (written last; storage.finalization)
 rollout/state-{name}.json                                 rollout resume point
+rollout/partials/{writer_id}.json                         episodes in flight at a graceful stop (storage.partial_records)
+orchestration/auto-resumes.json                           automatic resumes of the trial (rollflow.auto_resume)
 eval/v{N:06d}.json                                        evaluation of version N
 ```
 """
@@ -37,6 +39,8 @@ TRAINER_DIR = "trainer"
 TRAINER_DONE_KEY = "trainer/DONE.json"
 FINALIZED_KEY = "FINALIZED.json"
 ROLLOUT_DIR = "rollout"
+PARTIALS_DIR = "rollout/partials"
+AUTO_RESUMES_KEY = "orchestration/auto-resumes.json"
 EVAL_DIR = "eval"
 
 # Names that go into keys: letters, digits, '_', '.', '-'; no leading '.' (hidden / temp files).
@@ -142,3 +146,8 @@ def rollout_state_key(name: str) -> str:
 def eval_key(version: int) -> str:
     """`eval/v{v:06d}.json`."""
     return f"{EVAL_DIR}/{version_dir_name(version)}.json"
+
+
+def partials_key(writer_id: str) -> str:
+    """The partial episodes one rollout process committed at its graceful stop (one put)."""
+    return f"{PARTIALS_DIR}/{check_name(writer_id, 'writer id')}.json"

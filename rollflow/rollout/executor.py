@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -46,6 +47,7 @@ from rollflow.api.stores import ShardSink
 from rollflow.api.workflow import RolloutWorkflow, import_string
 from rollflow.rollout.executor_stats import ExecutorStats
 from rollflow.rollout.ordered_writer import OrderedWriter
+from rollflow.rollout.partials import EPISODE_KEY
 from rollflow.rollout.prompt_filter import ZeroVarianceSkip
 from rollflow.rollout.staleness import StalenessManager
 from storage.schema import TrajectoryGroup
@@ -282,6 +284,10 @@ class WorkflowExecutor:
         buffered = self._out.buffered_keys() if self._out is not None else []
         return queued + running + self._cancelled_keys + buffered
 
+    def cancelled_keys(self) -> list[Hashable]:
+        """Keys of the episodes ``aclose`` cancelled while they ran (open: never judged)."""
+        return list(self._cancelled_keys)
+
     def submit_io(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the writer thread after the writer calls queued so far (loop thread only)."""
         if self._out is None:
@@ -368,7 +374,9 @@ class WorkflowExecutor:
                 self._inputs.appendleft(item)
                 break
             key, data, fut = item
-            task = asyncio.create_task(self.workflow.arun_episode(self.client, data))
+            ctx = contextvars.copy_context()  # the episode's requests know their prompt (rollout.partials)
+            ctx.run(EPISODE_KEY.set, key)
+            task = asyncio.create_task(self.workflow.arun_episode(self.client, data), context=ctx)
             now = time.monotonic()
             if not self._tasks:
                 self.stats.busy_since = now
@@ -393,6 +401,9 @@ class WorkflowExecutor:
 
     def _finish(self, task: asyncio.Task[TrajectoryGroup | None]) -> None:
         ep = self._tasks.pop(task)
+        forget = getattr(self.client, "forget", None)  # a PartialKeepingClient's record of the episode
+        if forget is not None:
+            forget(ep.key)
         if not self._tasks and self.stats.busy_since is not None:
             self.stats.busy_s += time.monotonic() - self.stats.busy_since
             self.stats.busy_since = None

@@ -46,12 +46,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.errors import DatasetRowError
+from rollflow.api.errors import DatasetRowError, RewardFunctionError
 from rollflow.api.inference import InferenceClient, SamplingParams
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.workflow import RolloutWorkflow, import_string, resolve_workflow
 from rollflow.rollout.executor import WorkflowExecutor
 from rollflow.rollout.filters import build_should_accept
+from rollflow.rollout.partials import PartialKeepingClient, from_records, judge_saved, to_records
 from rollflow.rollout.prompt_filter import ZeroVarianceSkip
 from rollflow.rollout.prompt_source import ClaimedPrompts
 from rollflow.rollout.staleness import StalenessListener, StalenessManager
@@ -61,12 +62,14 @@ from storage import keys
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
 from storage.group_ledger import GroupLedger, LedgerView
+from storage.partial_records import load_partials, put_partials
 from storage.prompt_claims import ClaimLog, takeover_key
 from storage.shard_writer import ShardWriter
 
 logger = logging.getLogger(__name__)
 
 STATE_FORMAT = 2  # format 1 (one writer, no claims) is read as "nothing to adopt"
+REWARD_BROKEN_AFTER = 64  # reward calls that all raised before the loop calls the reward function broken
 StopReason = Literal["done", "stop_event", "limit", "epochs"]
 
 
@@ -170,7 +173,8 @@ def build_workflow(cfg: ExperimentConfig, *, tokenizer: Any = None) -> RolloutWo
     """``rollout.workflow`` built with the standard kwargs it accepts, plus ``rollout.workflow_kwargs``.
 
     Standard kwargs: reward_fn, tokenizer (default: ``model.path``), sampling, group_size,
-    reward_workers, reward_timeout_s. A class without ``**kwargs`` only gets those it names.
+    reward_workers, reward_timeout_s. A class without ``**kwargs`` only gets those it names; one that
+    names ``max_staleness`` (``AgentWorkflow``: a per-episode bound) gets ``rollout.max_staleness``.
     """
     cls = import_string(cfg.rollout.workflow)
     standard: dict[str, Any] = {
@@ -185,6 +189,8 @@ def build_workflow(cfg: ExperimentConfig, *, tokenizer: Any = None) -> RolloutWo
         params = {} if cls.__init__ is object.__init__ else inspect.signature(cls.__init__).parameters
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             standard = {k: v for k, v in standard.items() if k in params}
+        if "max_staleness" in params:
+            standard["max_staleness"] = cfg.rollout.max_staleness
     return resolve_workflow(cls, **{**standard, **cfg.rollout.workflow_kwargs})
 
 
@@ -240,6 +246,24 @@ async def run_rollout_loop(
     )
     staleness.restore(accepted=committed, credited=view.credited, rejected=int(state.get("rejected", 0)))
 
+    keeper: PartialKeepingClient | None = None
+    drain_s = 0.0
+    if cfg.rollout.keep_partials:  # continue what a graceful stop of an earlier life kept
+        records, _ = await asyncio.to_thread(load_partials, storage)
+        bound = staleness.expected_consumer_version(int(version_fn())) - cfg.rollout.max_staleness
+        saved, n_stale, stale_tokens = judge_saved(from_records(records), bound=bound)
+        keeper = PartialKeepingClient(client, saved)
+        client = keeper
+        if records:
+            logger.info(
+                "partial episodes from a graceful stop: %d to continue (%d tokens), %d discarded as stale "
+                "(%d tokens; oldest token before v%d): their prompts are generated afresh",
+                len(saved),
+                sum(len(x.output_ids) for v in saved.values() for x in v),
+                n_stale,
+                stale_tokens,
+                bound,
+            )
     owns_workflow = workflow is None
     if workflow is None:
         workflow = await asyncio.to_thread(build_workflow, cfg)
@@ -361,7 +385,9 @@ async def run_rollout_loop(
         staleness,
         writer=writer,
         version_fn=version_fn,
-        should_accept_fn=build_should_accept(cfg.rollout.dynamic_sampling, cfg.rollout.should_accept_fn),
+        should_accept_fn=build_should_accept(
+            cfg.rollout.dynamic_sampling, cfg.rollout.should_accept_fn, cfg.rollout.dynamic_sampling_max_extra
+        ),
         max_failure_rate=cfg.rollout.max_failure_rate,
         on_flush=on_flush,
         prompt_filter=(
@@ -404,7 +430,26 @@ async def run_rollout_loop(
                 if now - last_metrics >= metrics_interval_s:
                     last_metrics = now
                     _log_metrics(metrics, executor, staleness, workflow, version_fn())
+                check_reward_fn(getattr(workflow, "reward_counts", None))
+            if keeper is not None and stopped_by == "stop_event":  # a graceful stop: cut and keep
+                executor.pause()
+                drain_s = await keeper.astop(cfg.rollout.partial_drain_s)
         executor.raise_if_failed()
+        if keeper is not None and stopped_by == "stop_event":
+            t_put = time.monotonic()
+            episodes = keeper.episodes(executor.cancelled_keys())
+            records = to_records(episodes, block_size=source.k)
+            if records:
+                await asyncio.to_thread(put_partials, storage, writer.writer_id, records)
+            logger.info(
+                "kept %d partial episode(s) (%d tokens) for the resume: partial_commit_s %.2f "
+                "(drain %.2f, put %.2f)",
+                len(records),
+                sum(len(x.output_ids) for v in episodes.values() for x in v),
+                drain_s + time.monotonic() - t_put,
+                drain_s,
+                time.monotonic() - t_put,
+            )
     finally:
         clock.enter("idle")
         await asyncio.to_thread(writer.close)
@@ -434,6 +479,18 @@ async def run_rollout_loop(
     )
     logger.debug("rollout %s stopped (%s): %s", writer_name, summary.stopped_by, summary)
     return summary
+
+
+def check_reward_fn(counts: Any, *, after: int = REWARD_BROKEN_AFTER) -> None:
+    """``RewardFunctionError`` once the reward function raised on every one of at least ``after`` calls:
+    it is broken, and training on its zeros (or resuming the run) would not help."""
+    if counts is None or counts.scored < after or counts.errors < counts.scored:
+        return
+    raise RewardFunctionError(
+        f"the reward function raised on all {counts.errors} of its calls so far; the "
+        "rollout log quotes its errors (trajectory rows also carry them as extra.reward_error). Fix "
+        "dataset.reward_fn and run again"
+    )
 
 
 def rollout_state(n_running: int, staleness_room: int, *, loading: bool) -> str:
