@@ -1,6 +1,7 @@
 """Trainer benchmark: the full Trainer's throughput against a plain PyTorch loop on the same batches.
 
 Run:  .venv/bin/python -m bench.train            (about 2-4 minutes on 2 cores)
+      .venv/bin/python -m bench.train --lora-only --reps 3   (LoRA against full only: bench/results/train_lora.json)
       .venv/bin/python -m bench.train --quick    (fewer steps, smoke run)
 
 Prints `name value` lines and writes bench/results/train.json (raw per-step numbers in
@@ -20,6 +21,16 @@ train_details.json):
 - train_vs_plain_torch_cpu: the median pair ratio in process CPU time instead of wall time (what each
   side costs, whatever else runs on the machine).
 - trainer_tokens_per_s, plain_tokens_per_s; peak_rss_mb of a trainer-only process, plain_peak_rss_mb.
+- LoRA against full fine-tuning on the same model and batches (``train.lora.rank = --lora-rank``, every
+  linear layer of the blocks), each side in its own trainer-only process, ``--reps`` times, alternating:
+  lora_train_step_s and full_train_step_s (median step_time_s after warmup, median over reps; the
+  per-rep values are in the details), lora_train_step_vs_full; lora_peak_rss_mb and full_peak_rss_mb;
+  lora_checkpoint_bytes_ratio = bytes of one published LoRA version (adapter_model.safetensors +
+  adapter_config.json) / bytes of one full version (from COMMIT.json).
+- delta_changed_frac_fp32 / delta_changed_frac_bf16: the fraction of weight elements that differ between
+  consecutive published full versions (the last three the full trainer kept), as float32 and as the
+  bfloat16 a model.dtype=bfloat16 run publishes (the same fp32 masters rounded); a sparse delta would
+  move that fraction x (element size + a 4-byte index) per version (issue 20, section 5).
 
 Method: this machine is shared, so the two sides are paired step by step in one process. The plain loop
 runs as the trainer's TrainerHooks, one plain step per trainer step on the same batch, alternately just
@@ -114,7 +125,7 @@ def write_shards(storage: Any, n_groups: int, seed: int = 0) -> None:
     w.close()
 
 
-def _cfg(workdir: Path, trial: str, steps: int, threads: int) -> Any:
+def _cfg(workdir: Path, trial: str, steps: int, threads: int, lora_rank: int = 0) -> Any:
     from rollflow.configuration.loader import load_config
 
     return load_config(
@@ -124,26 +135,62 @@ def _cfg(workdir: Path, trial: str, steps: int, threads: int) -> Any:
             "storage": {"root": str(workdir / "store")},
             "model": {"path": str(workdir / "model")},
             "rollout": {"max_staleness": 10_000, "group_size": GROUP_SIZE},
-            "train": {"steps": steps, "batch_size": GROUPS, "lr": 1e-4, "threads": threads},
+            "train": {
+                "steps": steps,
+                "batch_size": GROUPS,
+                "lr": 1e-4,
+                "threads": threads,
+                "lora": {"rank": lora_rank},
+            },
         }
     )
 
 
-def phase_trainer(workdir: Path, trial: str, steps: int, threads: int, hooks: Any = None) -> dict[str, Any]:
+def phase_trainer(
+    workdir: Path, trial: str, steps: int, threads: int, hooks: Any = None, lora_rank: int = 0
+) -> dict[str, Any]:
     from rollflow.api.metrics import InMemorySink
     from rollflow.training.trainer import Trainer
+    from storage import keys
     from storage.fs import Storage
 
-    cfg = _cfg(workdir, trial, steps, threads)
+    cfg = _cfg(workdir, trial, steps, threads, lora_rank)
     storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial)
     sink = InMemorySink()
     Trainer(cfg, storage, metrics=sink, hooks=hooks).run()
+    commit = storage.get_json(keys.checkpoint_commit_key(steps))
+    delta = changed_fractions(storage, [steps - 2, steps - 1, steps]) if lora_rank == 0 else {}
     return {
+        **delta,
         "tokens": sink.values("tokens"),
         "step_s": sink.values("step_time_s"),
         "compute_s": sink.values("compute_time_s"),
         "peak_rss_mb": _peak_rss_mb(),
+        "checkpoint_bytes": sum(f["size"] for f in commit["files"].values()),
     }
+
+
+def changed_fractions(storage: Any, versions: list[int]) -> dict[str, float]:
+    """Mean fraction of elements that change between consecutive versions, in fp32 and in bf16."""
+    import torch
+    from safetensors.torch import load_file
+
+    from storage import keys
+
+    sds = [load_file(str(storage.local_path(keys.checkpoint_dir(v)) / "model.safetensors")) for v in versions]
+    out: dict[str, list[float]] = {"delta_changed_frac_fp32": [], "delta_changed_frac_bf16": []}
+    for a, b in zip(sds, sds[1:], strict=False):
+        for key, dtype in (
+            ("delta_changed_frac_fp32", torch.float32),
+            ("delta_changed_frac_bf16", torch.bfloat16),
+        ):
+            changed = sum(int((a[n].to(dtype) != b[n].to(dtype)).sum()) for n in a)
+            out[key].append(changed / sum(t.numel() for t in a.values()))
+    return {k: sum(v) / len(v) for k, v in out.items()}
+
+
+def phase_lora(workdir: Path, trial: str, steps: int, threads: int, lora_rank: int = 8) -> dict[str, Any]:
+    return phase_trainer(workdir, trial, steps, threads, lora_rank=lora_rank)
 
 
 class PlainLoop:
@@ -252,7 +299,9 @@ def phase_paired(workdir: Path, trial: str, steps: int, threads: int) -> dict[st
     return out
 
 
-def _run_phase(phase: str, workdir: Path, trial: str, steps: int, threads: int) -> dict[str, Any]:
+def _run_phase(
+    phase: str, workdir: Path, trial: str, steps: int, threads: int, lora_rank: int = 8
+) -> dict[str, Any]:
     cmd = [
         sys.executable,
         "-m",
@@ -267,6 +316,8 @@ def _run_phase(phase: str, workdir: Path, trial: str, steps: int, threads: int) 
         str(steps),
         "--threads",
         str(threads),
+        "--lora-rank",
+        str(lora_rank),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -275,35 +326,84 @@ def _run_phase(phase: str, workdir: Path, trial: str, steps: int, threads: int) 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def lora_figures(full: list[dict[str, Any]], lora: list[dict[str, Any]]) -> dict[str, float]:
+    """LoRA against full fine-tuning: per-rep median step times (after warmup), median over reps."""
+    full_s = [median(r["step_s"][WARMUP:]) for r in full]
+    lora_s = [median(r["step_s"][WARMUP:]) for r in lora]
+    return {
+        "lora_train_step_s": median(lora_s),
+        "full_train_step_s": median(full_s),
+        "lora_train_step_vs_full": median(lora_s) / median(full_s),
+        "lora_train_step_s_min": min(lora_s),
+        "lora_train_step_s_max": max(lora_s),
+        "full_train_step_s_min": min(full_s),
+        "full_train_step_s_max": max(full_s),
+        "lora_peak_rss_mb": median([r["peak_rss_mb"] for r in lora]),
+        "full_peak_rss_mb": median([r["peak_rss_mb"] for r in full]),
+        "lora_checkpoint_bytes": float(lora[0]["checkpoint_bytes"]),
+        "full_checkpoint_bytes": float(full[0]["checkpoint_bytes"]),
+        "lora_checkpoint_bytes_ratio": lora[0]["checkpoint_bytes"] / full[0]["checkpoint_bytes"],
+        "delta_changed_frac_fp32": median([r["delta_changed_frac_fp32"] for r in full]),
+        "delta_changed_frac_bf16": median([r["delta_changed_frac_bf16"] for r in full]),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--phase", choices=["paired", "trainer", "plain"], help=argparse.SUPPRESS)
+    ap.add_argument("--lora-rank", type=int, default=8, help="train.lora.rank of the LoRA side")
+    ap.add_argument("--lora-only", action="store_true", help="only LoRA against full fine-tuning")
+    ap.add_argument("--phase", choices=["paired", "trainer", "plain", "lora"], help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     ap.add_argument("--trial", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.phase:  # child process
-        fn = {"paired": phase_paired, "trainer": phase_trainer, "plain": phase_plain}[args.phase]
-        print(json.dumps(fn(Path(args.workdir), args.trial, args.steps, args.threads)), flush=True)
+        workdir = Path(args.workdir)
+        if args.phase == "lora":
+            out = phase_lora(workdir, args.trial, args.steps, args.threads, args.lora_rank)
+        else:
+            fn = {"paired": phase_paired, "trainer": phase_trainer, "plain": phase_plain}[args.phase]
+            out = fn(workdir, args.trial, args.steps, args.threads)
+        print(json.dumps(out), flush=True)
         return 0
 
     from storage.fs import Storage
 
     reps, steps = (1, 5) if args.quick else (args.reps, args.steps)
-    runs: dict[str, list[dict[str, Any]]] = {"paired": [], "trainer": [], "plain": []}
+    runs: dict[str, list[dict[str, Any]]] = {"paired": [], "trainer": [], "plain": [], "lora": []}
     with tempfile.TemporaryDirectory(prefix="rollflow-bench-train-") as tmp:
         workdir = Path(tmp)
         build_model(workdir / "model")
-        plan = [("paired", i) for i in range(reps)] + [("trainer", 0), ("plain", 0)]
+        plan = [] if args.lora_only else [("paired", i) for i in range(reps)] + [("plain", 0)]
+        plan += [
+            (p, i) for i in range(reps) for p in (("trainer", "lora") if i % 2 == 0 else ("lora", "trainer"))
+        ]
         for phase, i in plan:
             trial = f"{phase}-{i}"
             for t in (trial, trial + "-copy") if phase == "paired" else (trial,):
                 write_shards(Storage.open(str(workdir / "store"), "bench", t), GROUPS * steps, seed=i)
-            runs[phase].append(_run_phase(phase, workdir, trial, steps, args.threads))
+            runs[phase].append(_run_phase(phase, workdir, trial, steps, args.threads, args.lora_rank))
 
+    details = {
+        "runs": runs,
+        "steps_per_run": steps,
+        "timed_steps_per_run": steps - WARMUP,
+        "batch": {"groups": GROUPS, "group_size": GROUP_SIZE, "tokens_per_seq": PROMPT + COMPLETION},
+        "threads": args.threads,
+        "lora_rank": args.lora_rank,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "loadavg_after": os.getloadavg(),
+        },
+    }
+    if args.lora_only:
+        report("train_lora", lora_figures(runs["trainer"], runs["lora"]), details)
+        return 0
     # Per-step pairs after warmup: same batch, same moment, same process. The headline ratio is the
     # median over pairs of plain_time / trainer_time (robust to load bursts from other processes);
     # the CPU-time variant is insensitive to other processes altogether; *_tokens_per_s are totals.
@@ -327,19 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         "plain_tokens_per_s": tokens / plain_s,
         "peak_rss_mb": runs["trainer"][0]["peak_rss_mb"],
         "plain_peak_rss_mb": runs["plain"][0]["peak_rss_mb"],
-    }
-    details = {
-        "runs": runs,
-        "steps_per_run": steps,
-        "timed_steps_per_run": steps - WARMUP,
-        "batch": {"groups": GROUPS, "group_size": GROUP_SIZE, "tokens_per_seq": PROMPT + COMPLETION},
-        "threads": args.threads,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "loadavg_after": os.getloadavg(),
-        },
+        **lora_figures(runs["trainer"], runs["lora"]),
     }
     report("train", figures, details)
     return 0

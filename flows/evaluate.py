@@ -56,6 +56,10 @@ def evaluate(
             version = latest.version
         name_flow_run(f"evaluate-{cfg.trial}-v{version}")
         local = store.fetch(version, Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial)
+        if store.get(version).is_adapter:  # LoRA: serve base + adapter, merged
+            from rollflow.training.lora import merge_adapter_dir
+
+            local = merge_adapter_dir(cfg.model.path, local, local.with_name(f"{local.name}-merged"))
         eval_cfg = dataclasses.replace(
             cfg,
             inference=dataclasses.replace(cfg.inference, backend="local", n_servers=1),

@@ -29,6 +29,11 @@ another host lives until its TTL. A watcher acks N as "loading" BEFORE it verifi
 floor covers what is being loaded, and GC re-checks a victim's acks just before deleting it. Deletion
 removes COMMIT.json first, so a version is never committed-but-partial.
 
+A version may hold a LoRA adapter instead of a full model (`train.lora`): `adapter_model.safetensors` +
+`adapter_config.json` (peft's format), with `meta.kind = "adapter"` and `meta.base_model` in COMMIT.json.
+It is published, verified, acknowledged and collected exactly like a full checkpoint;
+`CheckpointRef.is_adapter` tells them apart.
+
 What this is NOT: a model loader (transformers does that) or a weight-update driver (the watcher is).
 """
 
@@ -64,6 +69,8 @@ from storage.transfer import HASH_ALGOS, FileDigest, default_hash_algo, hash_fil
 
 logger = logging.getLogger(__name__)
 
+ADAPTER_CONFIG_NAME = "adapter_config.json"  # a version holding this file is a LoRA adapter (peft's format)
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # the adapter's tensors
 COMMIT_FORMAT = 2  # 1: sha256 only, no "hash" field; 2: "hash" names the algorithm
 VERIFIED_MARKER = ".rollflow-verified.json"
 _COMMIT_RE = re.compile(r"^checkpoints/v(\d{6,})/COMMIT\.json$")
@@ -86,6 +93,11 @@ class CheckpointRef:
     created_at: float
     meta: dict[str, Any] = field(default_factory=dict)
     hash_algo: str = "sha256"
+
+    @property
+    def is_adapter(self) -> bool:
+        """A LoRA adapter (adapter_config.json + adapter_model.safetensors), not a full model directory."""
+        return ADAPTER_CONFIG_NAME in self.files
 
 
 def _parse_commit(raw: bytes, version: int) -> dict[str, Any]:

@@ -106,6 +106,11 @@ def finish_tracking(
             "registry_detail": decision.detail,
             **{k: v for k, v in run_lineage_tags(tracker).items()},
         }
+        if CheckpointStore(storage).get(final).is_adapter:  # LoRA: register base + adapter, merged
+            from rollflow.training.lora import merge_adapter_dir
+
+            local = merge_adapter_dir(cfg.model.path, local, local.with_name(f"{local.name}-merged"))
+            version_tags.update(lora_rank=str(cfg.train.lora.rank), lora_base_model=cfg.model.path)
         registry_version = tracker.register_checkpoint(local, version=final, extra_tags=version_tags)
         tags["rollflow.registry.version"] = registry_version
         registered = f"{tracker.model_name} v{registry_version}"
@@ -124,7 +129,7 @@ def _eval_at(tracker: Any, version: int) -> float | None:
 def _score_final(cfg: ExperimentConfig, final: int, sink: Any) -> dict[str, Any]:
     """Start the servers, load checkpoint ``final`` into them (the checkpoint watcher, as in a run) and
     score it on the held-out prompts; the servers are stopped afterwards."""
-    from rollflow.rollout.watcher import CheckpointWatcher
+    from rollflow.inference.watcher import CheckpointWatcher
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
     from tasks.bootstrap import bootstrap_model

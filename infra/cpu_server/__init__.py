@@ -1,7 +1,7 @@
 """rollflow's CPU inference server: SGLang 0.5.23's native HTTP protocol over a transformers model.
 
 What it is: a stand-in for SGLang on machines without a GPU (development, CI, the embedded default), so
-the same client (``rollflow.rollout.client``), checkpoint watcher and tests run against either. Continuous
+the same client (``rollflow.inference.client``), checkpoint watcher and tests run against either. Continuous
 batching with a KV cache (``engine``), SGLang's sampling and logprob semantics (``sampling``), checked
 in-place weight swaps (``weights``), the HTTP routes (``app``).
 

@@ -64,6 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batch-window-ms", type=float, default=3.0, help="An idle server waits this long to batch a burst."
     )
     p.add_argument("--served-model-name", default=None, help="Name reported by /get_model_info.")
+    p.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=None,
+        help="Refuse LoRA adapters above this rank (SGLang's flag).",
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p.parse_args(argv)
 
@@ -103,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         port=ns.port,
         api_key=api_key,
         weights_roots=roots,
+        max_lora_rank=ns.max_lora_rank,
         max_batch_size=ns.max_batch_size,
         threads=ns.threads,
         weight_version=ns.weight_version,

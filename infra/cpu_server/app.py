@@ -1,6 +1,6 @@
 """The CPU server's HTTP layer: SGLang 0.5.23's native routes over aiohttp, in front of ``engine.Engine``.
 
-What it is: request parsing and checking (with ``rollflow.rollout.sglang_protocol``), the pause gate (while
+What it is: request parsing and checking (with ``rollflow.inference.sglang_protocol``), the pause gate (while
 paused, new ``/generate`` calls wait instead of failing), API-key auth (``Authorization: Bearer``; the
 ``/health*`` routes stay open as in SGLang, for probes), JSON error replies, and clean shutdown on
 SIGTERM/SIGINT (in-flight requests return their partial output with ``finish_reason`` abort).
@@ -8,6 +8,10 @@ SIGTERM/SIGINT (in-flight requests return their partial output with ``finish_rea
 Routes: ``/generate``, ``/pause_generation``, ``/continue_generation``, ``/abort_request``,
 ``/update_weights_from_disk``, ``/flush_cache``, ``/health``, ``/health_generate``, ``/get_model_info``,
 ``/get_server_info`` (payloads in docs/inference.md).
+
+``/update_weights_from_disk`` also takes a LoRA adapter directory (peft's adapter_config.json +
+adapter_model.safetensors): it is checked against the base the server started from and merged into a
+copy of it (``adapters.py``), then swapped in like a full checkpoint.
 
 What it is not: no model math (``engine.py``, ``sampling.py``), no weight checks (``weights.py``), no CLI
 (``__main__.py``). SGLang features the CPU server does not implement (stop strings, n > 1, penalties,
@@ -31,10 +35,11 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from infra.cpu_server.adapters import is_adapter_dir, load_checked_adapter
 from infra.cpu_server.engine import Engine, EngineConfig, Sequence
 from infra.cpu_server.weights import WeightLoadError, load_checked_weights, read_config
 from rollflow.api.errors import InvalidRequestError
-from rollflow.rollout.sglang_protocol import (
+from rollflow.inference.sglang_protocol import (
     CONTINUE_OK,
     FLUSH_OK_TEXT,
     PAUSE_OK,
@@ -69,6 +74,7 @@ class ServerArgs:
     batch_window_ms: float = 3.0
     # Directories /update_weights_from_disk may load from (realpath-checked); empty = any readable one.
     weights_roots: tuple[str, ...] = ()
+    max_lora_rank: int | None = None  # LoRA adapters above this rank are refused (None: any rank)
 
 
 class ServerState:
@@ -105,6 +111,9 @@ class ServerState:
         self.update_lock = asyncio.Lock()
         self.shutting_down = False
         self.model_path = args.model_path  # the served checkpoint; follows successful updates (SGLang)
+        # The weights the server started from, which LoRA adapters merge into: the live tensors themselves
+        # (a swap re-points parameters and never writes into them). Dropped once full weights are loaded.
+        self.base_weights: dict[str, torch.Tensor] | None = {n: p.data for n, p in model.named_parameters()}
         logger.info(
             "loaded %s in %.2fs (context %d)", args.model_path, time.perf_counter() - t0, self.context_len
         )
@@ -292,10 +301,30 @@ def build_app(state: ServerState) -> web.Application:
             )
         async with state.update_lock:
             t0 = time.perf_counter()
+            adapter = is_adapter_dir(req.model_path)
             try:
-                tensors = await asyncio.to_thread(
-                    load_checked_weights, engine.model, state.served_config, req.model_path, req.load_format
-                )
+                if adapter and state.base_weights is None:
+                    raise WeightLoadError(
+                        "a LoRA adapter merges into the base model this server started from, and the "
+                        "server has loaded full weights since; restart it from the adapter's base model"
+                    )
+                if adapter:
+                    load = partial(
+                        load_checked_adapter,
+                        engine.model,
+                        state.base_weights,  # type: ignore[arg-type]
+                        req.model_path,
+                        max_rank=state.args.max_lora_rank,
+                    )
+                else:
+                    load = partial(
+                        load_checked_weights,
+                        engine.model,
+                        state.served_config,
+                        req.model_path,
+                        req.load_format,
+                    )
+                tensors = await asyncio.to_thread(load)
             except WeightLoadError as e:
                 logger.warning("weight update from %s refused: %s", req.model_path, e)
                 return web.json_response(
@@ -318,6 +347,8 @@ def build_app(state: ServerState) -> web.Application:
                     {"success": False, "message": msg, "num_paused_requests": 0}, status=400
                 )
             state.model_path = req.model_path
+            if not adapter:
+                state.base_weights = None  # the base is gone from memory: no adapter can merge into it
             logger.info("weights from %s served in %.3fs", req.model_path, time.perf_counter() - t0)
         return web.json_response(
             {

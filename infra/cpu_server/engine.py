@@ -41,7 +41,7 @@ import torch
 from infra.cpu_server.kv_cache import SlotKVCache
 from infra.cpu_server.sampling import RowSampling, sample_rows, seeded_uniform
 from infra.cpu_server.weights import swap_weights_in_place
-from rollflow.rollout.sglang_protocol import (
+from rollflow.inference.sglang_protocol import (
     PauseMode,
     WireSamplingParams,
     compute_weight_version_spans,

@@ -245,16 +245,28 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
 # --- full state dicts (rank 0 holds them; other ranks get {}) ---------------------------------------------
 
 
-def full_model_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch.Tensor]:
-    """Unsharded float tensors on CPU, cloned (safe to serialise while training goes on). Collective."""
+def full_model_state_dict(
+    model: torch.nn.Module, ctx: DistContext, *, trainable_only: bool = False
+) -> dict[str, torch.Tensor]:
+    """Unsharded float tensors on CPU, cloned (safe to serialise while training goes on). Collective.
+
+    ``trainable_only``: only parameters that require grad (a LoRA adapter, without the frozen base).
+    """
     if ctx.mode == "fsdp2":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
+        sd = get_model_state_dict(model, options=opts)
         return {k: v.detach().clone() for k, v in sd.items()} if ctx.is_main else {}
     if not ctx.is_main:
         return {}
-    return {k: v.detach().to("cpu", copy=True) for k, v in unwrap(model).state_dict().items()}
+    module = unwrap(model)
+    keep = {n for n, p in module.named_parameters() if p.requires_grad} if trainable_only else None
+    return {
+        k: v.detach().to("cpu", copy=True)
+        for k, v in module.state_dict().items()
+        if keep is None or k in keep
+    }
 
 
 def full_optimizer_state_dict(
@@ -279,8 +291,12 @@ def load_full_state(
     optimizer: torch.optim.Optimizer | None,
     model_sd: dict[str, torch.Tensor],
     optim_sd: dict[str, Any] | None,
+    *,
+    strict: bool = True,
 ) -> None:
     """Load full (unsharded) state dicts, which every rank holds, into a possibly sharded model/optimizer.
+
+    ``strict=False``: ``model_sd`` may hold only some parameters (a LoRA adapter); the rest stay.
 
     Every rank reads the blobs itself rather than rank 0 broadcasting them: torch's
     ``broadcast_from_rank0`` ships the dict structure with ``broadcast_object_list`` (pickle).
@@ -292,7 +308,7 @@ def load_full_state(
     )
 
     # The setters rewrite keys of the dicts they are given (DDP's "module." prefix): pass copies.
-    opts = StateDictOptions(full_state_dict=True)
+    opts = StateDictOptions(full_state_dict=True, strict=strict)
     set_model_state_dict(model, dict(model_sd), options=opts)
     if optimizer is not None and optim_sd is not None:
         osd = {"state": dict(optim_sd["state"]), "param_groups": [dict(g) for g in optim_sd["param_groups"]]}

@@ -11,6 +11,10 @@ Monotonic versions across restarts: ``floor`` is the newest version already in s
 trainer starts; versions <= floor are skipped (a restarted trainer that replays steps since its last
 resume point does not re-publish them with different weights).
 
+With LoRA (``adapter_config`` given) a version is the adapter alone: ``adapter_model.safetensors`` (the
+lora_A / lora_B tensors, hashed while written) and ``adapter_config.json``, published through the same
+``CheckpointStore.publish`` (COMMIT.json with sizes + digests, LATEST, acks, GC) as a full checkpoint.
+
 What it is not: model gathering (``distributed.full_model_state_dict``) or checkpoint GC policy (it only
 calls ``CheckpointStore.gc`` with the configured ``keep_last``).
 
@@ -37,6 +41,7 @@ from safetensors.torch import save_file
 
 from rollflow.api.errors import TrainerError
 from rollflow.api.stores import CheckpointSink
+from storage.checkpoints import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 from storage.transfer import FileDigest, hash_file, write_hashed
 
 logger = logging.getLogger(__name__)
@@ -150,8 +155,28 @@ def write_hf_dir(
     return digests
 
 
+def write_adapter_dir(
+    out_dir: Path,
+    tensors: dict[str, torch.Tensor],
+    *,
+    adapter_config: dict[str, Any],
+    dtype: torch.dtype = torch.float32,
+    hash_algo: str | None = None,
+) -> dict[str, FileDigest]:
+    """A ``PeftModel.from_pretrained``-loadable adapter directory; returns the weight file's digest."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / ADAPTER_CONFIG_NAME).write_text(json.dumps(adapter_config, indent=2, sort_keys=True))
+    sd = {k: v.to(dtype).contiguous() for k, v in tensors.items()}
+    d = write_safetensors(out_dir / ADAPTER_WEIGHTS_NAME, sd, metadata={"format": "pt"}, hash_algo=hash_algo)
+    return {ADAPTER_WEIGHTS_NAME: d} if d is not None else {}
+
+
 class CheckpointPublisher:
-    """Publishes versions in order; ``background=True`` overlaps each upload with the next step."""
+    """Publishes versions in order; ``background=True`` overlaps each upload with the next step.
+
+    ``adapter_config``: publish LoRA adapters (the state dicts handed to ``submit`` hold only the
+    adapter's tensors, ``lora.adapter_tensors``) instead of full Hugging Face directories.
+    """
 
     def __init__(
         self,
@@ -165,8 +190,10 @@ class CheckpointPublisher:
         floor: int = -1,
         background: bool = True,
         keep_last: int | None = None,
+        adapter_config: dict[str, Any] | None = None,
     ) -> None:
         self.store = store
+        self.adapter_config = adapter_config
         self.config = config
         self.tokenizer = tokenizer
         self.generation_config = generation_config
@@ -233,16 +260,21 @@ class CheckpointPublisher:
             out = staging if staging is not None else tmp
             assert out is not None
             algo = getattr(self.store, "hash_algo", None)
-            digests = write_hf_dir(
-                out,
-                state_dict,
-                config=self.config,
-                tokenizer=self.tokenizer,
-                generation_config=self.generation_config,
-                dtype=self.dtype,
-                architecture=self.architecture,
-                hash_algo=algo,
-            )
+            if self.adapter_config is not None:
+                digests = write_adapter_dir(
+                    out, state_dict, adapter_config=self.adapter_config, dtype=self.dtype, hash_algo=algo
+                )
+            else:
+                digests = write_hf_dir(
+                    out,
+                    state_dict,
+                    config=self.config,
+                    tokenizer=self.tokenizer,
+                    generation_config=self.generation_config,
+                    dtype=self.dtype,
+                    architecture=self.architecture,
+                    hash_algo=algo,
+                )
             if algo is None:
                 self.store.publish(out, version, step=step, meta=meta)
             else:  # the store trusts these digests: the files are not read again

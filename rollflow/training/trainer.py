@@ -18,6 +18,12 @@ What it is: ``Trainer(cfg, storage, ...).run()``. One step, with ``version`` = t
 5. write ``trainer/consumed/step-{version:08d}.json`` (group ids trained on: the audit trail), a resume
    point every ``resume_every`` steps, and the step's metrics.
 
+LoRA (``train.lora.rank > 0``, ``lora.py``): the policy is wrapped with ``peft`` before it is wrapped
+for DDP/FSDP2, so only the adapter has gradients and optimizer state; a version publishes only the
+adapter; the KL reference is the same model with the adapter switched off (``lora.AdapterDisabled``);
+resume points hold the adapter and its optimizer state. Everything else (the losses, proximal logprobs,
+batching, resume replay) is unchanged.
+
 Startup: a fresh run with no checkpoint in storage publishes the initial weights as version 0; a
 restarted run loads the newest resume point (weights, optimizer, scheduler, RNG, cursor, counters) and
 goes on from there. Versions already in storage are never re-published (``publish.py``). At the end the
@@ -49,6 +55,7 @@ from rollflow.timing.clock import Timeline
 from rollflow.training import distributed as D
 from rollflow.training.actor import PolicyActor
 from rollflow.training.batching import TrainBatch, build_batch
+from rollflow.training.lora import AdapterDisabled, adapter_config, adapter_tensors, apply_lora
 from rollflow.training.microbatch import keep_groups, plan_step
 from rollflow.training.optim import build_optimizer, build_scheduler
 from rollflow.training.publish import CheckpointPublisher, tied_aliases
@@ -144,6 +151,7 @@ class Trainer:
         self.hooks = hooks
         self._ctx_given = dist_ctx is not None
         self.ctx = dist_ctx
+        self.lora = cfg.train.lora.enabled  # train and publish a LoRA adapter, not the full weights
         self.version = 0
         self.counters = {"groups_consumed": 0, "dropped_stale": 0, "quarantined": 0}
         self.publisher: CheckpointPublisher | None = None  # rank 0 only
@@ -183,11 +191,15 @@ class Trainer:
         self.tied = tied_aliases(model)
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.ref_model = None
-        if tcfg.kl_ctl > 0:  # the frozen initial policy, always from model.path (also after a resume)
+        if self.lora:  # before DDP/FSDP2 wrapping: they see the frozen base and the trainable adapter
+            model = apply_lora(model, tcfg.lora, seed=cfg.seed)
+        self.ref_model: torch.nn.Module | None = None
+        if tcfg.kl_ctl > 0 and not self.lora:  # the frozen initial policy, from model.path (also on resume)
             ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust)
             self.ref_model = D.freeze_reference(ref, ctx)
         self.model = D.wrap_model(model, ctx, bf16=tcfg.dtype == "bfloat16")
+        if tcfg.kl_ctl > 0 and self.lora:  # the base = the policy without its adapter: no second copy
+            self.ref_model = AdapterDisabled(self.model)
         self.optimizer = build_optimizer(
             self.model.named_parameters(),
             lr=tcfg.lr,
@@ -254,7 +266,7 @@ class Trainer:
         assert ctx is not None
         point = read_resume_point(self.storage, step)
         model_sd, optim_sd = load_resume_blobs(self.storage, point)
-        D.load_full_state(self.model, self.optimizer, model_sd, optim_sd)
+        D.load_full_state(self.model, self.optimizer, model_sd, optim_sd, strict=not self.lora)
         del model_sd, optim_sd
         load_scheduler_state(self.scheduler, point.scheduler)
         if len(point.rng) == ctx.world_size:
@@ -280,13 +292,23 @@ class Trainer:
     # --- checkpoints and resume points ----------------------------------------------------------------------
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
+        if self.lora:  # the adapter alone, under peft's saved names
+            sd = D.full_model_state_dict(self.model, self.ctx, trainable_only=True)  # type: ignore[arg-type]
+            return adapter_tensors(sd)
         sd = D.full_model_state_dict(self.model, self.ctx)  # type: ignore[arg-type]  # collective
         return {k: v for k, v in sd.items() if k not in self.tied}
 
     def _publish(self, *, wait: bool) -> None:
         sd = self._snapshot()
         if self.publisher is not None:
-            meta = {"trainer": "rollflow", "groups_consumed": self.counters["groups_consumed"]}
+            meta: dict[str, Any] = {
+                "trainer": "rollflow",
+                "groups_consumed": self.counters["groups_consumed"],
+            }
+            if self.lora:
+                meta.update(
+                    kind="adapter", base_model=self.cfg.model.path, lora_rank=self.cfg.train.lora.rank
+                )
             self.publisher.submit(self.version, sd, step=self.version, meta=meta)
             if wait:
                 self.publisher.flush()
@@ -294,7 +316,8 @@ class Trainer:
     def _write_resume_point(self) -> None:
         ctx = self.ctx
         assert ctx is not None
-        model_sd = D.full_model_state_dict(self.model, ctx)  # collectives: every rank takes part
+        # collectives: every rank takes part; with LoRA the frozen base is left out (re-read on restart)
+        model_sd = D.full_model_state_dict(self.model, ctx, trainable_only=self.lora)
         optim_sd = D.full_optimizer_state_dict(self.model, self.optimizer, ctx)
         rngs = [json.loads(b) for b in ctx.all_gather_bytes(json.dumps(capture_rng()).encode())]
         if ctx.is_main:
@@ -348,6 +371,7 @@ class Trainer:
                 floor=int(plan["floor"]),
                 background=not cfg.rollout.pause_during_training,
                 keep_last=cfg.storage.keep_checkpoints,
+                adapter_config=adapter_config(self.model, cfg.model.path) if self.lora else None,
             )
         if self.version > int(plan["floor"]):  # version 0 on a fresh start, or a resumed version not yet out
             self._publish(wait=True)

@@ -1,0 +1,167 @@
+"""Load a LoRA adapter for ``/update_weights_from_disk``: check it against the base, merge it into a copy.
+
+What it is: ``is_adapter_dir`` (a directory with ``adapter_config.json``, peft's format) and
+``load_checked_adapter``, which reads ``adapter_model.safetensors`` + ``adapter_config.json``, checks
+them against the model the server started from (its *base*), and returns the full parameter dict that
+``weights.swap_weights_in_place`` serves, with every adapted linear layer merged:
+
+    W' = W_base + s * B @ A,   A: [r, in], B: [out, r],   s = alpha / r   (alpha / sqrt(r) with rslora)
+
+computed in float32 and cast to the served dtype. Layers without an adapter are served from the base
+tensors themselves (no copy), so an adapter costs the memory of the layers it adapts. Merging is always
+against the base, never against the weights being served, so versions do not accumulate.
+
+This is this engine's hot load: the merge runs while generation goes on, and the swap is the same
+pointer swap, under the same pause and the same ``weight_version`` bookkeeping, as a full checkpoint's;
+per-token versions stay exact. Engines with multi-LoRA kernels (vLLM ``/v1/load_lora_adapter``, SGLang
+``/load_lora_adapter``) keep B and A apart instead; docs/lora.md says what they need.
+
+Refused, each with a ``WeightLoadError`` naming the tensor, module or field, before anything changes
+(the old weights keep serving): a config that is not LoRA or uses an option this merge does not
+implement (DoRA, biases, fan_in_fan_out, modules_to_save, per-layer rank/alpha patterns, ...); a
+target module the model lacks; a tensor for a module that is not a linear layer of the model; the
+wrong rank (A and B disagree, or disagree with ``r`` in adapter_config.json, or ``r`` exceeds the
+server's ``max_lora_rank``); shapes that do not fit the base layer; NaN or inf values. Checksums are
+the watcher's: it verifies every file against COMMIT.json before it asks for the load.
+
+What it is not: a full-checkpoint loader (``weights.py``) or a multi-adapter server (one adapter at a
+time, merged).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from infra.cpu_server.weights import WeightLoadError, _all_finite
+from storage.checkpoints import ADAPTER_CONFIG_NAME as ADAPTER_CONFIG
+from storage.checkpoints import ADAPTER_WEIGHTS_NAME as ADAPTER_WEIGHTS
+
+_PREFIX = "base_model.model."  # peft's saved names: base_model.model.<module>.lora_{A,B}.weight
+_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
+# adapter_config.json options the merge above does not implement: refused when set (truthy).
+UNSUPPORTED = (
+    "use_dora", "lora_bias", "fan_in_fan_out", "modules_to_save", "rank_pattern", "alpha_pattern",
+    "layer_replication", "trainable_token_indices", "target_parameters", "alora_invocation_tokens",
+    "use_qalora", "use_bdlora",
+)  # fmt: skip
+
+
+def is_adapter_dir(model_path: str) -> bool:
+    """True if ``model_path`` is a peft adapter directory (it holds adapter_config.json)."""
+    return (Path(model_path) / ADAPTER_CONFIG).is_file()
+
+
+def read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
+    """adapter_config.json, checked to describe a plain LoRA adapter this server can merge."""
+    try:
+        doc = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
+    except (OSError, ValueError) as e:
+        raise WeightLoadError(f"{ADAPTER_CONFIG} in {adapter_dir} is unreadable: {e}") from e
+    if not isinstance(doc, dict) or doc.get("peft_type") != "LORA":
+        raise WeightLoadError(f"{ADAPTER_CONFIG}: peft_type must be LORA, got {doc.get('peft_type')!r}")
+    r, alpha = doc.get("r"), doc.get("lora_alpha")
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise WeightLoadError(f"{ADAPTER_CONFIG}: r must be an integer >= 1, got {r!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or alpha <= 0:
+        raise WeightLoadError(f"{ADAPTER_CONFIG}: lora_alpha must be a number > 0, got {alpha!r}")
+    if doc.get("bias", "none") != "none":
+        raise WeightLoadError(f"{ADAPTER_CONFIG}: bias={doc['bias']!r} is not supported (use 'none')")
+    used = [f"{k}={doc[k]!r}" for k in UNSUPPORTED if doc.get(k)]
+    if used:
+        raise WeightLoadError(f"{ADAPTER_CONFIG}: not supported by the CPU server's merge: {', '.join(used)}")
+    return doc
+
+
+def check_target_modules(model: torch.nn.Module, targets: Any) -> None:
+    """Every target names a linear layer of the model (peft's rule: a full name or its last parts)."""
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    if isinstance(targets, str):  # peft: a regex over the full module name
+        if not any(re.fullmatch(targets, n) for n in linear):
+            raise WeightLoadError(f"{ADAPTER_CONFIG}: target_modules {targets!r} matches no linear layer")
+        return
+    if not isinstance(targets, list) or not targets:
+        raise WeightLoadError(f"{ADAPTER_CONFIG}: target_modules must be a non-empty list or a regex")
+    missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in linear)]
+    if missing:
+        have = sorted({n.rsplit(".", 1)[-1] for n in linear})
+        raise WeightLoadError(
+            f"target module(s) {missing} of the adapter are not in the served model "
+            f"(its linear layers are {have}); the adapter was trained on another base model"
+        )
+
+
+def load_checked_adapter(
+    model: torch.nn.Module,
+    base: dict[str, torch.Tensor],
+    model_path: str,
+    *,
+    max_rank: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Read, check and merge the adapter at ``model_path`` into ``base``; ``{param_name: tensor}`` to swap.
+
+    ``base``: the served model's parameters as it started (``name -> tensor``). Raises
+    ``WeightLoadError`` naming the first problem; nothing is changed then.
+    """
+    adapter_dir = Path(model_path)
+    doc = read_adapter_config(adapter_dir)
+    r = int(doc["r"])
+    if max_rank is not None and r > max_rank:
+        raise WeightLoadError(f"adapter rank {r} exceeds the server's max_lora_rank {max_rank}")
+    check_target_modules(model, doc.get("target_modules"))
+    weights = adapter_dir / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        raise WeightLoadError(f"no {ADAPTER_WEIGHTS} in {adapter_dir} (adapters load from safetensors only)")
+    try:
+        tensors = load_file(str(weights), device="cpu")
+    except Exception as e:  # safetensors raises its own error types on truncated / corrupt files
+        raise WeightLoadError(f"cannot read {ADAPTER_WEIGHTS}: {e}") from e
+
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in tensors.items():
+        m = _KEY.match(key.removeprefix(_PREFIX))
+        if m is None:
+            raise WeightLoadError(f"{ADAPTER_WEIGHTS}: tensor {key!r} is not a lora_A / lora_B weight")
+        pairs.setdefault(m["module"], {})[m["ab"]] = t
+    if not pairs:
+        raise WeightLoadError(f"{ADAPTER_WEIGHTS} holds no adapter tensors")
+
+    modules = dict(model.named_modules())
+    scale = doc["lora_alpha"] / (math.sqrt(r) if doc.get("use_rslora") else r)
+    out = dict(base)
+    for name, ab in sorted(pairs.items()):
+        layer = modules.get(name)
+        if not isinstance(layer, torch.nn.Linear):
+            raise WeightLoadError(
+                f"the adapter has tensors for {name!r}, which is not a linear layer of the model"
+            )
+        if set(ab) != {"A", "B"}:
+            raise WeightLoadError(
+                f"{name}: lora_A and lora_B must both be present, found only lora_{''.join(ab)}"
+            )
+        a, b = ab["A"], ab["B"]  # [r, in], [out, r]
+        w = base[f"{name}.weight"]  # [out, in]
+        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1]:
+            raise WeightLoadError(
+                f"{name}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not share a rank"
+            )
+        if a.shape[0] != r:
+            raise WeightLoadError(
+                f"{name}: the tensors have rank {a.shape[0]}, adapter_config.json says r = {r} (wrong rank)"
+            )
+        if a.shape[1] != w.shape[1] or b.shape[0] != w.shape[0]:
+            raise WeightLoadError(
+                f"{name}: lora_B @ lora_A is {b.shape[0]}x{a.shape[1]}, the base layer is "
+                f"{w.shape[0]}x{w.shape[1]}; the adapter was trained on another base model"
+            )
+        if not (_all_finite(a) and _all_finite(b)):
+            raise WeightLoadError(f"{name}: the adapter has NaN or inf values")
+        merged = w.float() + scale * (b.float() @ a.float())  # [out, in]
+        out[f"{name}.weight"] = merged.to(w.dtype)
+    return out
