@@ -39,8 +39,8 @@ DEMO_CONFIG ?= configs/tiny_hard.yaml
 demo: install  ## bootstrap the tiny model and run async GRPO on the embedded default
 	$(PY) -m flows.async_rl --config $(DEMO_CONFIG) $(ARGS)
 
-test: install trl-venv  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
-	$(VENV)/bin/pytest -q -ra $(PYTEST_ARGS)
+test: install trl-venv vllm-venv  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
+	$(VENV)/bin/pytest -q -ra --durations=25 $(PYTEST_ARGS)
 
 test-fast: install
 	$(VENV)/bin/pytest -q -ra -m "not slow" $(PYTEST_ARGS)
@@ -79,6 +79,27 @@ $(TRL_STAMP):
 	@touch $(TRL_STAMP)
 
 trl-venv: $(TRL_STAMP)
+
+# vLLM's CPU build (inference.backend: vllm; tests/inference run a real server), in its own venv: it
+# needs transformers < 5.20 (the project pins 5.23.0). Built once (about 2 minutes, 3.4 GB) and reused
+# until infra/requirements-vllm.txt changes. Its dependencies pull torchvision / torchaudio / torchcodec
+# builds that do not match the CPU torch (the server fails at import): they are uninstalled.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat infra/requirements-vllm.txt | sha256sum | cut -c1-12)
+
+.PHONY: vllm-venv
+
+$(VLLM_STAMP):
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	# torch first and alone: the CPU wheel 2.13.0; then vLLM with torch held at 2.13.0.
+	$(VLLM_PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(VLLM_PY) -m pip install -q --disable-pip-version-check -r infra/requirements-vllm.txt -c <(echo torch==2.13.0)
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@rm -f $(VLLM_VENV)/.installed-*
+	@touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
 
 # Side by side with TRL (issue 9): 3 seeds x 600 training seconds per system on the hard task, then the
 # synchronous baseline; prints key value lines, writes bench/results/peer_<config>.{json,png}.

@@ -6,9 +6,9 @@ Run:  .venv/bin/python -m bench.agent_endpoint            (about a minute on 2 c
 Both sides send the same chat prompt (the tiny model's template, one user turn) to the same local CPU
 server, generating exactly ``--tokens`` tokens (``ignore_eos``):
 
-- direct: ``SGLangClient.agenerate`` with the templated prompt ids;
+- direct: ``EngineClient.agenerate`` with the templated prompt ids;
 - endpoint: the official ``openai.AsyncOpenAI`` client -> ``AgentEndpoint`` (chat template, tokenization,
-  admission, recording, OpenAI reply) -> the same ``SGLangClient``; all in this process, as in a rollout;
+  admission, recording, OpenAI reply) -> the same ``EngineClient``; all in this process, as in a rollout;
 - endpoint_raw: a bare aiohttp POST to the endpoint (the endpoint's cost without the openai library's).
 
 Figures: ``agent_call_overhead_ms`` (median latency of one call at a time, endpoint minus direct),
@@ -34,7 +34,7 @@ from bench._common import report
 from rollflow.agents.endpoint import AgentEndpoint
 from rollflow.agents.recorder import EpisodeLimits
 from rollflow.api.inference import GenerateRequest, SamplingParams
-from rollflow.rollout.client import SGLangClient
+from rollflow.inference.client import EngineClient
 
 MESSAGES = [{"role": "user", "content": "What is 12+35?"}]
 UNLIMITED = EpisodeLimits(max_turns=10**9, max_episode_tokens=10**12)
@@ -47,7 +47,7 @@ async def _sides(
     import openai
 
     sp = SamplingParams(max_new_tokens=tokens, temperature=1.0, ignore_eos=True)
-    client = SGLangClient(addresses)
+    client = EngineClient(addresses)
     endpoint = AgentEndpoint(tok, sampling=sp)
     await endpoint.astart()
     ids = endpoint.prompter.full_ids(MESSAGES, None)

@@ -15,7 +15,7 @@ the models used in inference_details.json). Models are random Llamas built here 
 Figures:
 
 - server_vs_hf_generate_c16 / _c64: server tokens/s with 16 / 64 concurrent requests (prompt 33 tokens,
-  31 new, temperature 1, sent through ``SGLangClient``), over ``model.generate`` tokens/s on the same
+  31 new, temperature 1, sent through ``EngineClient``), over ``model.generate`` tokens/s on the same
   batch in-process (same sampling, same torch threads). Best of the repetitions on each side. >= 0.7 is
   the target.
 - weight_update_vs_raw_load: publish -> serving latency (``CheckpointStore.publish`` returns -> the
@@ -39,6 +39,22 @@ Figures:
   while 8 client streams keep generating. The update figures are taken twice: on an idle server (the
   main figures) and while those 8 streams generate (``*_generating``: the fetch then competes with
   generation for the 2 cores).
+
+Engines side by side (``bench_engines``; ``--engines`` runs only this part): for each engine that runs
+here, ``local`` (rollflow's CPU server) and ``vllm`` (vLLM's CPU build from ``.venv-vllm``), one server
+at a time, alternating local, vllm, local, vllm, ... ``--engine-reps`` times (3 by default), each time a
+fresh server on the "bench-engine" model (hidden 128, 4 layers, 4 heads of 32 (2 KV), MLP 344, vocab 512,
+fp32, 0.9M parameters; vLLM's CPU attention has no head size 16), both with 2 torch threads. Keys are
+prefixed by the engine (``local_``, ``vllm_``), with the median over the repetitions and, as
+``*_min`` / ``*_max``, the spread:
+
+- completions_per_s_c16 / _c128: 64 prompts (16 tokens) x n = 8, 8 new tokens, T = 1, per-token logprobs,
+  through ``EngineClient`` with at most 16 / 128 completions in flight (groups of 8 sent whole);
+- server_start_s: launch -> first completion; server_rss_mb: resident memory of the server's processes
+  (all of its process group: vLLM runs 3-4), after the throughput runs;
+- weight_update_s: ``CheckpointStore.publish`` -> every server serves it (the watcher in this process,
+  pause mode abort), median of 3 updates; weight_update_vs_raw_load: that over a plain
+  ``from_pretrained`` of the same directory; pause_s: the watcher's pause -> resume.
 
 Not a test: it asserts nothing about targets; it reports.
 """
@@ -128,7 +144,7 @@ def bench_throughput(root: Path, reps: int, details: dict[str, Any]) -> dict[str
 
     from infra.servers import launch_local_servers
     from rollflow.api.config import InferenceConfig
-    from rollflow.rollout.client import SGLangClient
+    from rollflow.inference.client import EngineClient
 
     model_dir = build_model(root / "bench-4m", THROUGHPUT_ARCH, seed=0)
     vocab = THROUGHPUT_ARCH["vocab_size"]
@@ -138,7 +154,7 @@ def bench_throughput(root: Path, reps: int, details: dict[str, Any]) -> dict[str
     cfg = InferenceConfig(n_servers=1, server_threads=THREADS, max_batch_size=64)
     figures: dict[str, float] = {}
     with launch_local_servers(cfg, model_dir) as group:
-        client = SGLangClient(group.addresses)
+        client = EngineClient(group.addresses)
         loop = asyncio.new_event_loop()
         try:
             for batch in (16, 64):
@@ -178,9 +194,9 @@ class _Load:
 
     async def _run(self) -> None:
         from rollflow.api.inference import GenerateRequest, SamplingParams
-        from rollflow.rollout.client import SGLangClient
+        from rollflow.inference.client import EngineClient
 
-        client = SGLangClient(self.addresses)
+        client = EngineClient(self.addresses)
 
         async def stream(i: int) -> None:
             sp = SamplingParams(max_new_tokens=64, ignore_eos=True)
@@ -249,7 +265,7 @@ def bench_weight_update(root: Path, reps: int, details: dict[str, Any]) -> dict[
 
     from infra.servers import launch_local_servers
     from rollflow.api.config import InferenceConfig
-    from rollflow.rollout.watcher import CheckpointWatcher
+    from rollflow.inference.watcher import CheckpointWatcher
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
 
@@ -334,20 +350,186 @@ def bench_weight_update(root: Path, reps: int, details: dict[str, Any]) -> dict[
     }
 
 
+# --- engines side by side ----------------------------------------------------------------------------------------
+
+ENGINE_ARCH = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=344, vocab_size=512, max_position_embeddings=256)  # fmt: skip
+ENGINE_PROMPTS, ENGINE_N, ENGINE_PROMPT_LEN, ENGINE_NEW = 64, 8, 16, 8
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and every process in its group (vLLM's engine core and workers)."""
+    import psutil
+
+    pgid = os.getpgid(pid)
+    total = 0
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                total += proc.memory_info().rss
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return total / 2**20
+
+
+async def _engine_batch(client: Any, concurrency: int, seed: int) -> float:
+    """Seconds for 64 prompts x n = 8 with at most ``concurrency`` completions in flight."""
+    from rollflow.api.inference import GenerateRequest, SamplingParams
+
+    sp = SamplingParams(max_new_tokens=ENGINE_NEW, temperature=1.0, ignore_eos=True)
+    groups = prompts(ENGINE_PROMPTS, ENGINE_ARCH["vocab_size"], seed)
+    gate = asyncio.Semaphore(max(1, concurrency // ENGINE_N))
+
+    async def group(p: list[int]) -> None:
+        async with gate:
+            outs = await client.agenerate_many(
+                [GenerateRequest(p[:ENGINE_PROMPT_LEN], sp) for _ in range(ENGINE_N)]
+            )
+        assert all(len(o.output_ids) == ENGINE_NEW for o in outs)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(group(p) for p in groups))
+    return time.perf_counter() - t0
+
+
+def _launch(engine: str, model_dir: Path) -> Any:
+    from rollflow.api.config import InferenceConfig, VLLMConfig
+
+    cfg = InferenceConfig(
+        backend=engine, n_servers=1, server_threads=THREADS, max_batch_size=128,  # type: ignore[arg-type]
+        vllm=VLLMConfig(dtype="float32", max_model_len=256, enforce_eager=True),
+    )  # fmt: skip
+    if engine == "vllm":
+        from infra.vllm_launcher import launch_vllm_servers
+
+        return cfg, launch_vllm_servers(cfg, model_dir)
+    from infra.servers import launch_local_servers
+
+    return cfg, launch_local_servers(cfg, model_dir)
+
+
+def _engine_once(engine: str, root: Path, models: list[Path], rep: int) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM
+
+    from rollflow.api.inference import GenerateRequest, SamplingParams
+    from rollflow.inference.client import EngineClient
+    from rollflow.inference.engines import engine_for
+    from rollflow.inference.watcher import CheckpointWatcher
+    from storage.checkpoints import CheckpointStore
+    from storage.fs import Storage
+
+    out: dict[str, float] = {}
+    t0 = time.perf_counter()
+    cfg, group = _launch(engine, models[0])
+    try:
+        client = EngineClient(group.addresses, engine=engine_for(engine))
+        loop = asyncio.new_event_loop()
+        try:
+            sp = SamplingParams(max_new_tokens=ENGINE_NEW, temperature=1.0)
+            loop.run_until_complete(client.agenerate(GenerateRequest([1, 2, 3], sp)))
+            out["server_start_s"] = time.perf_counter() - t0
+            for c in (16, 128):
+                loop.run_until_complete(_engine_batch(client, c, seed=99))  # warm-up
+                dt = loop.run_until_complete(_engine_batch(client, c, seed=rep))
+                out[f"completions_per_s_c{c}"] = ENGINE_PROMPTS * ENGINE_N / dt
+            out["server_rss_mb"] = _rss_mb(group.servers[0].process.pid)
+        finally:
+            loop.run_until_complete(client.aclose())
+            loop.close()
+        store = CheckpointStore(Storage.open(str(root / f"store-{engine}-{rep}"), "bench", "trial"))
+        store.publish(models[0], 0)
+        served = threading.Event()
+        watcher = CheckpointWatcher(
+            store, group.addresses, cache_dir=root / "cache", engine=engine_for(engine), pause_mode="abort",
+            on_update=lambda v: served.set(),
+        )  # fmt: skip
+        watcher.poll_once()
+        watcher.start()
+        lat, raw, pause = [], [], []
+        try:
+            for v in (1, 2, 3):
+                served.clear()
+                store.publish(models[v % 2], v)
+                t1 = time.perf_counter()
+                assert served.wait(120), f"{engine}: v{v} never served: {watcher.errors[-1:]}"
+                lat.append(time.perf_counter() - t1)
+                pause.append(watcher.events[-1].pause_s or 0.0)
+                ck = Path(store.storage.local_path(f"checkpoints/v{v:06d}") or "")
+                t1 = time.perf_counter()
+                AutoModelForCausalLM.from_pretrained(ck, dtype=torch.float32)
+                raw.append(time.perf_counter() - t1)
+        finally:
+            watcher.stop()
+        med = statistics.median
+        out.update(
+            weight_update_s=med(lat), weight_update_vs_raw_load=med(lat) / med(raw), pause_s=med(pause)
+        )
+    finally:
+        group.stop()
+    return out
+
+
+def _add_tokenizer(model_dir: Path, vocab: int) -> Path:
+    """A word-level tokenizer of ``vocab`` tokens ``t0``, ``t1``, ...: vLLM will not start without one."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t0").save_pretrained(model_dir)
+    return model_dir
+
+
+def bench_engines(
+    root: Path, reps: int, details: dict[str, Any], engines: tuple[str, ...]
+) -> dict[str, float]:
+    """Each engine's figures, alternating engines within every repetition (see the module docstring)."""
+    vocab = ENGINE_ARCH["vocab_size"]
+    models = [
+        _add_tokenizer(build_model(root / f"bench-engine-{s}", ENGINE_ARCH, seed=s), vocab) for s in (0, 1)
+    ]
+    details["engine_model"] = {"arch": ENGINE_ARCH, "params": n_params(models[0]), "threads": THREADS}
+    runs: dict[str, list[dict[str, float]]] = {e: [] for e in engines}
+    for rep in range(reps):
+        for engine in engines:
+            runs[engine].append(_engine_once(engine, root, models, rep))
+            print(
+                f"# {engine} rep {rep}: {json.dumps({k: round(v, 3) for k, v in runs[engine][-1].items()})}"
+            )
+    details["engines"] = runs
+    figures: dict[str, float] = {}
+    for engine, rows in runs.items():
+        for key in rows[0]:
+            values = [r[key] for r in rows]
+            figures[f"{engine}_{key}"] = statistics.median(values)
+            figures[f"{engine}_{key}_min"] = min(values)
+            figures[f"{engine}_{key}_max"] = max(values)
+    return figures
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Inference benchmarks (see module docstring).")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    ap.add_argument("--engines", action="store_true", help="only the engines side by side (local_*, vllm_*)")
+    ap.add_argument("--engine-reps", type=int, default=3, help="repetitions of the engine comparison")
+    ap.add_argument(
+        "--engine", action="append", choices=["local", "vllm"], help="engines to compare (default: both)"
+    )
     args = ap.parse_args()
     reps = 2 if args.quick else 5
     details: dict[str, Any] = {"machine": platform.platform(), "torch": torch.__version__, "reps": reps}
     details["load_avg_at_start"] = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="rollflow-bench-inference-") as tmp:
         root = Path(tmp)
-        figures = bench_throughput(root, reps + 2, details)
-        figures.update(bench_weight_update(root, reps, details))
-        figures.update(bench_server_load(root, reps, details))
+        figures: dict[str, float] = {}
+        if not args.engines:
+            figures.update(bench_throughput(root, reps + 2, details))
+            figures.update(bench_weight_update(root, reps, details))
+            figures.update(bench_server_load(root, reps, details))
+        engines = tuple(args.engine or ("local", "vllm"))
+        figures.update(bench_engines(root, 1 if args.quick else args.engine_reps, details, engines))
     details["load_avg_at_end"] = os.getloadavg()
-    report("inference", figures, details)
+    report("inference_engines" if args.engines else "inference", figures, details)
     print(json.dumps({k: round(v, 3) for k, v in figures.items()}))
 
 

@@ -38,9 +38,9 @@ from bench import agent_endpoint
 from bench._common import report
 from rollflow.api.config import InferenceConfig
 from rollflow.api.inference import GenerateRequest, SamplingParams
+from rollflow.inference.client import EngineClient
 from rollflow.rewards import AsyncRewardRunner
 from rollflow.rewards.synthetic import synthetic_reward_fn
-from rollflow.rollout.client import SGLangClient
 from rollflow.rollout.executor import WorkflowExecutor
 from rollflow.rollout.staleness import StalenessManager
 from rollflow.workflows.rlvr import RLVRWorkflow, render_chat
@@ -69,7 +69,7 @@ def prompts(n: int, seed: int) -> list[dict[str, Any]]:
 async def direct(
     addresses: list[str], prompt_ids: list[list[int]], sp: SamplingParams, concurrency: int
 ) -> dict:
-    client = SGLangClient(addresses)
+    client = EngineClient(addresses)
     sem = asyncio.Semaphore(concurrency)
     tokens = 0
 
@@ -91,7 +91,7 @@ async def direct(
 async def through_executor(
     addresses: list[str], rows: list[dict], workflow: RLVRWorkflow, concurrency: int, store: Storage
 ) -> dict:
-    client = SGLangClient(addresses)
+    client = EngineClient(addresses)
     episodes = max(1, concurrency // workflow.group_size)  # same requests in flight as the direct side
     staleness = StalenessManager(episodes, max_staleness=10**6, consumer_batch_size=len(rows))
     writer = ShardWriter(store, "bench", flush_rows=64, flush_seconds=1.0)

@@ -37,7 +37,7 @@ def run_distributed(cfg: ExperimentConfig, parameters: dict[str, Any], tracker: 
 
     ``parameters``: what every child flow gets (``config`` and ``overrides``).
     """
-    from rollflow.rollout.watcher import CheckpointWatcher
+    from rollflow.inference.watcher import CheckpointWatcher
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
 

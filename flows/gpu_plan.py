@@ -49,12 +49,12 @@ def torchrun_command(cfg: ExperimentConfig, config: str | None, overrides: list[
 
 def sglang_commands(cfg: ExperimentConfig, model_path: str | None = None) -> list[list[str]]:
     from infra.servers import redact_command
-    from infra.sglang_launcher import build_sglang_command
+    from rollflow.inference.sglang import sglang_command
 
     inf, sg = cfg.inference, cfg.inference.sglang
     return [
         redact_command(
-            build_sglang_command(
+            sglang_command(
                 model_path or cfg.model.path,
                 port=(inf.base_port + i) if inf.base_port else 0,
                 host=inf.host,
@@ -66,6 +66,25 @@ def sglang_commands(cfg: ExperimentConfig, model_path: str | None = None) -> lis
         )
         for i in range(inf.n_servers)
     ]
+
+
+def engine_commands(cfg: ExperimentConfig, model_path: str | None = None) -> dict[str, list[str] | str]:
+    """Server 0's launch command for each engine (``rollflow.inference``), redacted; the environment the
+    engine adds (e.g. vLLM's ``VLLM_SERVER_DEV_MODE=1``) is not shown. A config an engine refuses gives its
+    error instead."""
+    from infra.servers import redact_command
+    from rollflow.inference.contract import ENGINE_NAMES, LaunchArgs
+    from rollflow.inference.engines import engine_for
+
+    inf = cfg.inference
+    out: dict[str, list[str] | str] = {}
+    for name in ENGINE_NAMES:
+        try:
+            spec = engine_for(name).launch(LaunchArgs(model_path or cfg.model.path, inf.base_port, inf))
+            out[name] = redact_command(spec.command)
+        except ConfigError as e:
+            out[name] = f"refused: {e}"
+    return out
 
 
 def rollout_gpu_count(cfg: ExperimentConfig) -> int:
@@ -115,6 +134,7 @@ def gpu_plan(
         "summary": plan_summary(cfg, config, job_variables["train"]["image"], split=split_advice(cfg, rates)),
         "config": to_yaml(cfg),
         "sglang_commands": sglang_commands(cfg),
+        "engine_commands": engine_commands(cfg),
         "torchrun_command": torchrun_command(cfg, config, overrides),
         "job_variables": job_variables,
         "gpus": {"rollout": rollout_gpu_count(cfg), "train": cfg.train.nproc_per_node},

@@ -1,32 +1,43 @@
 """Blocking control calls to a set of servers: pause / continue generation, served weight versions.
 
-What it is: a tiny synchronous facade over ``rollflow.rollout.routing.control_call`` for orchestration
-code that is not on an event loop (trainer hooks of the synchronous baseline, readiness checks).
-What it is not: the generation client (``rollflow.rollout.client``), which retries and resumes.
+What it is: a tiny synchronous facade over an ``Engine``'s control methods (``rollflow.inference``) for
+orchestration code that is not on an event loop (trainer hooks of the synchronous baseline, readiness
+checks). The engine defaults to SGLang's protocol (the CPU server and SGLang); pass
+``engine_for(cfg.inference)`` for vLLM.
+What it is not: the generation client (``rollflow.inference.client``), which retries and resumes.
 """
 
 from __future__ import annotations
 
-from rollflow.rollout.routing import control_call
+from rollflow.inference.contract import Engine
+from rollflow.inference.sglang import SGLangEngine
 
 
 class ServerControl:
-    def __init__(self, addresses: list[str], *, api_key: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        addresses: list[str],
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+        engine: Engine | None = None,
+    ) -> None:
         self.addresses = list(addresses)
         self._api_key = api_key
         self._timeout_s = timeout_s
-
-    def _call(self, address: str, route: str, body: dict | None = None) -> object:
-        return control_call(address, route, body, api_key=self._api_key, timeout_s=self._timeout_s)
+        self._engine: Engine = engine if engine is not None else SGLangEngine()
 
     def pause(self, mode: str = "abort") -> None:
         for a in self.addresses:
-            self._call(a, "/pause_generation", {"mode": mode})
+            self._engine.pause(a, mode, api_key=self._api_key, timeout_s=self._timeout_s)
 
     def resume(self) -> None:
         for a in self.addresses:
-            self._call(a, "/continue_generation", {})
+            self._engine.resume(a, api_key=self._api_key, timeout_s=self._timeout_s)
 
     def weight_versions(self) -> dict[str, str]:
-        """Server address -> the weight_version it serves (from /get_model_info)."""
-        return {a: str(self._call(a, "/get_model_info")["weight_version"]) for a in self.addresses}  # type: ignore[index]
+        """Server address -> the weight_version it serves."""
+        return {
+            a: str(self._engine.served_version(a, api_key=self._api_key, timeout_s=self._timeout_s))
+            for a in self.addresses
+        }

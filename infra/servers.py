@@ -1,17 +1,24 @@
-"""Start and stop inference servers as child processes: N local CPU servers, or any HTTP server command.
+"""Start and stop inference servers as child processes: N servers of any engine, or any HTTP server command.
 
 What it is: ``ServerGroup`` (a set of child server processes with their addresses, health wait, log files
-and a clean SIGTERM -> SIGKILL stop; also a context manager) and ``launch_local_servers`` (N
-``python -m infra.cpu_server`` on free loopback ports). ``infra.sglang_launcher`` reuses ``ServerGroup``.
+and a clean SIGTERM -> SIGKILL stop of each server's whole process group; also a context manager),
+``start_servers`` (spawn commands) and ``launch_engine_servers`` (N servers of an ``Engine`` on free
+loopback ports, as its ``launch`` says); ``launch_local_servers`` is that for rollflow's CPU server
+(``infra.cpu_server``), ``infra.vllm_launcher`` and ``infra.sglang_launcher`` for the others.
 Children get ``PR_SET_PDEATHSIG`` on Linux, so they die with the process that launched them (a cancelled
 flow run leaves no orphans), and a process group of their own, so a terminal's Ctrl-C (SIGINT to the
 foreground group) reaches only the parent: it stops its loops first, then them. The API key travels in
-the environment, never on the command line.
+the environment, never on the command line (SGLang's launcher is the exception: it has no other way).
+
+Nothing is left behind: each group gets a scratch directory (``rollflow-{name}-*`` in the system temp
+dir) holding its logs (unless ``log_dir`` is given) and the servers' ``TMPDIR`` (vLLM writes a
+``vllm_dist_*`` file there per start); ``stop()`` removes it.
 
 ``ServerGroup.supervise`` starts an ``infra.supervisor.Supervisor`` over the group: a dead server is
 restarted on its address, or given up and reported after ``max_restarts``.
 
-What it is not: the supervision policy (``infra.supervisor``) or a client.
+What it is not: the supervision policy (``infra.supervisor``), an engine's command line
+(``rollflow.inference``) or a client.
 
 Example::
 
@@ -25,15 +32,14 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -43,10 +49,12 @@ from rollflow.api.config import INFERENCE_WEIGHTS_ROOTS_ENV as WEIGHTS_ROOTS_ENV
 from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import ServerStartupError
 from rollflow.configuration.redact import redact_args
+from rollflow.inference.contract import Engine, LaunchArgs
+from rollflow.inference.routing import health_ok
+from rollflow.inference.sglang import LocalEngine
 
 logger = logging.getLogger(__name__)
 
-API_KEY_ENV = "ROLLFLOW_INFERENCE_API_KEY"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -81,15 +89,6 @@ class ServerProcess:
             return "(no log)"
 
 
-def health_ok(address: str, timeout_s: float = 2.0) -> bool:
-    """GET /health answered 200 (``/health*`` needs no API key, as in SGLang)."""
-    try:
-        with urllib.request.urlopen(f"http://{address}/health", timeout=timeout_s) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
 class ServerGroup:
     """Child server processes; ``addresses`` is what clients and watchers are given."""
 
@@ -99,11 +98,16 @@ class ServerGroup:
         *,
         shutdown_timeout_s: float = 15.0,
         env: dict[str, str] | None = None,
+        scratch_dir: Path | None = None,
+        on_healthy: Callable[[str], None] | None = None,
     ) -> None:
         self.servers = servers
         self.shutdown_timeout_s = shutdown_timeout_s
         self._env = env  # the children's environment, for a restart (may hold the API key: never logged)
+        self.scratch_dir = scratch_dir  # removed by stop()
+        self.on_healthy = on_healthy  # called with each server's address once it answers /health
         self.supervisor: Any = None  # an infra.supervisor.Supervisor once supervise() was called
+        self.stopping = False
 
     @property
     def addresses(self) -> list[str]:
@@ -127,6 +131,8 @@ class ServerGroup:
                     )
                 if health_ok(s.address):
                     pending.remove(s)
+                    if self.on_healthy is not None:
+                        self.on_healthy(s.address)
             if pending and time.monotonic() > deadline:
                 s = pending[0]
                 raise ServerStartupError(
@@ -147,6 +153,7 @@ class ServerGroup:
         old = self.servers[index]
         if old.process.poll() is None:
             raise RuntimeError(f"server {old.address} is still running (pid {old.process.pid})")
+        _kill_group(old.process.pid)  # what the dead server left (vLLM's engine core holds gigabytes)
         logger.info("restarting server %s: %s", old.address, " ".join(redact_command(old.command)))
         new = ServerProcess(
             old.address, _spawn(old.command, old.log_path, self._env), old.log_path, old.command
@@ -164,10 +171,14 @@ class ServerGroup:
         return self.supervisor
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """SIGTERM every server, wait up to ``timeout_s`` (default ``shutdown_timeout_s``), then SIGKILL."""
+        """A requested stop: the supervisor's listeners hear ``on_fleet_stopping`` (clients stop failing
+        over), then SIGTERM every server, wait up to ``timeout_s`` (default ``shutdown_timeout_s``), SIGKILL
+        what is left of each server's process group, and remove the scratch directory."""
         timeout_s = self.shutdown_timeout_s if timeout_s is None else timeout_s
+        self.stopping = True
         if self.supervisor is not None:  # first, so nothing is restarted while it stops
             self.supervisor.stop()
+            self.supervisor.announce_stopping()
         for s in self.servers:
             if s.process.poll() is None:
                 s.process.terminate()
@@ -179,6 +190,9 @@ class ServerGroup:
                 logger.warning("server %s ignored SIGTERM for %.0fs; killing it", s.address, timeout_s)
                 s.process.kill()
                 s.process.wait(10)
+            _kill_group(s.process.pid)  # workers it left behind (vLLM's engine core)
+        if self.scratch_dir is not None:
+            shutil.rmtree(self.scratch_dir, ignore_errors=True)
 
     def returncodes(self) -> list[int | None]:
         return [s.process.poll() for s in self.servers]
@@ -204,17 +218,26 @@ def start_servers(
     shutdown_timeout_s: float = 15.0,
     name: str = "server",
 ) -> ServerGroup:
-    """Spawn one process per command (stdout+stderr to ``log_dir/{name}-{i}.log``); does not wait."""
-    log_root = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=f"rollflow-{name}-"))
+    """Spawn one process per command (stdout+stderr to ``log_dir/{name}-{i}.log``, by default in the group's
+    scratch directory); does not wait."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"rollflow-{name}-"))
+    log_root = Path(log_dir) if log_dir else scratch
     log_root.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {})}
+    (scratch / "tmp").mkdir()
+    full_env = {**os.environ, **(env or {}), "TMPDIR": str(scratch / "tmp")}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), full_env.get("PYTHONPATH", "")) if p)
     servers = []
     for i, (cmd, addr) in enumerate(zip(commands, addresses, strict=True)):
         log_path = log_root / f"{name}-{i}-{addr.replace(':', '_')}.log"
         logger.debug("starting %s: %s (log %s)", name, " ".join(redact_command(cmd)), log_path)
         servers.append(ServerProcess(addr, _spawn(cmd, log_path, full_env), log_path, cmd))
-    return ServerGroup(servers, shutdown_timeout_s=shutdown_timeout_s, env=full_env)
+    return ServerGroup(servers, shutdown_timeout_s=shutdown_timeout_s, env=full_env, scratch_dir=scratch)
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a server's process group (it is its own leader: ``process_group=0``)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _spawn(cmd: list[str], log_path: Path, env: dict[str, str] | None) -> subprocess.Popen[bytes]:
@@ -230,23 +253,56 @@ def _spawn(cmd: list[str], log_path: Path, env: dict[str, str] | None) -> subpro
         )
 
 
-def cpu_server_command(
+def launch_engine_servers(
+    engine: Engine,
+    cfg: InferenceConfig,
     model_path: str | Path,
     *,
-    port: int,
-    host: str = "127.0.0.1",
-    max_batch_size: int = 64,
-    threads: int = 1,
-    weight_version: str = "0",
+    weight_version: str | None = None,
+    log_dir: str | Path | None = None,
+    env: dict[str, Any] | None = None,
     extra_args: list[str] | tuple[str, ...] = (),
-    python: str = sys.executable,
-) -> list[str]:
-    """``python -m infra.cpu_server ...`` for one server (the API key goes in the environment)."""
-    return [
-        python, "-m", "infra.cpu_server", "--model-path", str(model_path), "--host", host, "--port", str(port),
-        "--max-batch-size", str(max_batch_size), "--threads", str(threads), "--weight-version", weight_version,
-        *extra_args,
-    ]  # fmt: skip
+    startup_timeout_s: float | None = None,
+    on_healthy: Callable[[str], None] | None = None,
+) -> ServerGroup:
+    """Start ``cfg.n_servers`` servers of ``engine`` for ``model_path`` and wait until all answer /health.
+
+    Ports: ``cfg.base_port + i``, or free ports on ``cfg.host`` when ``base_port`` is 0 (a port lost to a
+    race is retried once with new ones). ``on_healthy(address)`` runs once each server answers (also after
+    a supervisor's restart). Raises ``ServerStartupError`` with the failing server's log tail.
+    """
+    host = cfg.host
+    timeout_s = cfg.startup_timeout_s if startup_timeout_s is None else startup_timeout_s
+    for attempt in range(2):
+        if cfg.base_port:
+            ports = [cfg.base_port + i for i in range(int(cfg.n_servers))]
+        else:
+            ports = [free_port(host) for _ in range(int(cfg.n_servers))]
+        specs = [
+            engine.launch(LaunchArgs(model_path, p, cfg, i, weight_version)) for i, p in enumerate(ports)
+        ]
+        child_env = {**specs[0].env, **{k: str(v) for k, v in (env or {}).items()}}
+        group = start_servers(
+            [[*spec.command, *extra_args] for spec in specs], [f"{host}:{p}" for p in ports], env=child_env,
+            log_dir=log_dir, shutdown_timeout_s=cfg.shutdown_timeout_s,
+            name="cpu-server" if engine.name == "local" else f"{engine.name}-server",
+        )  # fmt: skip
+        group.on_healthy = on_healthy
+        try:
+            group.wait_healthy(timeout_s)
+            return group
+        except BaseException as e:
+            group.stop(timeout_s=5)
+            if (
+                isinstance(e, ServerStartupError)
+                and attempt == 0
+                and not cfg.base_port
+                and "cannot bind" in str(e)
+            ):
+                logger.warning("port taken during startup; retrying with new ports")
+                continue
+            raise
+    raise AssertionError("unreachable")
 
 
 def launch_local_servers(
@@ -263,53 +319,13 @@ def launch_local_servers(
 
     ``weights_roots``: the only directories ``/update_weights_from_disk`` may load from (the checkpoint
     store's local root and the watcher's cache; passed as ``$ROLLFLOW_WEIGHTS_ROOTS``); empty = any.
-
-    Ports: ``cfg.base_port + i``, or free loopback ports when ``base_port`` is 0 (a port lost to a race is
-    retried once with a new one). Each server uses ``cfg.server_threads`` torch threads and reports
-    ``weight_version`` (default ``cfg.initial_weight_version``). Raises ``ServerStartupError``.
+    Each server uses ``cfg.server_threads`` torch threads and reports ``weight_version`` (default
+    ``cfg.initial_weight_version``). Raises ``ServerStartupError``.
     """
-    host = cfg.host
-    version = weight_version if weight_version is not None else cfg.initial_weight_version
-    child_env = {
-        "OMP_NUM_THREADS": str(cfg.server_threads),
-        # idle OpenMP threads sleep instead of spinning, so a waiting server leaves its cores to the trainer
-        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-        "MKL_NUM_THREADS": str(cfg.server_threads),
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-        **{k: str(v) for k, v in (env or {}).items()},
-    }
-    if cfg.api_key:
-        child_env[API_KEY_ENV] = cfg.api_key
+    extra_env = {k: str(v) for k, v in (env or {}).items()}
     if weights_roots:
-        child_env[WEIGHTS_ROOTS_ENV] = os.pathsep.join(str(Path(r).resolve()) for r in weights_roots)
-
-    def commands(ports: list[int]) -> list[list[str]]:
-        return [
-            cpu_server_command(
-                model_path, port=p, host=host, max_batch_size=cfg.max_batch_size, threads=cfg.server_threads,
-                weight_version=version, extra_args=extra_args,
-            )
-            for p in ports
-        ]  # fmt: skip
-
-    for attempt in range(2):
-        if cfg.base_port:
-            ports = [cfg.base_port + i for i in range(cfg.n_servers)]
-        else:
-            ports = [free_port(host) for _ in range(cfg.n_servers)]
-        addresses = [f"{host}:{p}" for p in ports]
-        group = start_servers(
-            commands(ports), addresses, env=child_env, log_dir=log_dir,
-            shutdown_timeout_s=cfg.shutdown_timeout_s, name="cpu-server",
-        )  # fmt: skip
-        try:
-            group.wait_healthy(cfg.startup_timeout_s)
-            return group
-        except ServerStartupError as e:
-            group.stop(timeout_s=5)
-            if attempt == 0 and not cfg.base_port and "cannot bind" in str(e):
-                logger.warning("port taken during startup; retrying with new ports")
-                continue
-            raise
-    raise AssertionError("unreachable")
+        extra_env[WEIGHTS_ROOTS_ENV] = os.pathsep.join(str(Path(r).resolve()) for r in weights_roots)
+    return launch_engine_servers(
+        LocalEngine(), cfg, model_path, weight_version=weight_version, log_dir=log_dir, env=extra_env,
+        extra_args=extra_args,
+    )  # fmt: skip

@@ -1,10 +1,11 @@
 """Launch SGLang servers (``python -m sglang.launch_server``) from config, wait for /health, stop them.
 
-What it is: ``build_sglang_command`` (the exact argv, unit-tested) and ``launch_sglang_servers``
-(``cfg.n_servers`` servers on one GPU node, server i on GPUs ``base_gpu_id + i * tp_size`` onward, started
-as children through ``infra.servers.ServerGroup``: logs to files, SIGTERM then SIGKILL on stop, children
-die with the launcher). The checkpoint watcher then keeps them on the newest weights through
-``/update_weights_from_disk`` (see docs/inference.md for the sidecar layout on a GPU pool).
+What it is: ``launch_sglang_servers`` (``cfg.n_servers`` servers on one GPU node, server i on GPUs
+``base_gpu_id + i * tp_size`` onward, started as children through ``infra.servers.ServerGroup``: logs to
+files, SIGTERM then SIGKILL on stop, children die with the launcher). The argv is
+``rollflow.inference.sglang.sglang_command`` (unit-tested). The checkpoint watcher then keeps them on the
+newest weights through ``/update_weights_from_disk`` (see docs/inference.md for the sidecar layout on a
+GPU pool).
 
 What it is not: an SGLang installation (the ``gpu`` extra; it cannot be installed on CPU machines), and
 no multi-node placement (one launcher per node; the work pool decides the nodes).
@@ -18,46 +19,10 @@ import logging
 from pathlib import Path
 
 from infra.servers import ServerGroup, free_port, start_servers
-from rollflow.api.config import InferenceConfig, SGLangConfig
+from rollflow.api.config import InferenceConfig
+from rollflow.inference.sglang import sglang_command
 
 logger = logging.getLogger(__name__)
-
-
-def build_sglang_command(
-    model_path: str | Path,
-    *,
-    port: int,
-    host: str = "127.0.0.1",
-    sglang: SGLangConfig | None = None,
-    api_key: str | None = None,
-    weight_version: str | None = None,
-    base_gpu_id: int | None = None,
-    dtype: str | None = None,
-) -> list[str]:
-    """``[python, -m, sglang.launch_server, --model-path, ..., --host, ..., --port, ..., --tp-size, ...]``.
-
-    Optional flags appear only when set (``--mem-fraction-static``, ``--api-key``, ``--weight-version``,
-    ``--base-gpu-id``, ``--dtype``); ``sglang.extra_args`` come last, verbatim, so they can override.
-    """
-    sg = sglang or SGLangConfig()
-    cmd = [
-        sg.python, "-m", "sglang.launch_server",
-        "--model-path", str(model_path),
-        "--host", host,
-        "--port", str(port),
-        "--tp-size", str(sg.tp_size),
-    ]  # fmt: skip
-    if sg.mem_fraction_static is not None:
-        cmd += ["--mem-fraction-static", str(sg.mem_fraction_static)]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    if weight_version is not None:
-        cmd += ["--weight-version", weight_version]
-    if base_gpu_id is not None:
-        cmd += ["--base-gpu-id", str(base_gpu_id)]
-    if dtype is not None:
-        cmd += ["--dtype", dtype]
-    return cmd + list(sg.extra_args)
 
 
 def launch_sglang_servers(
@@ -82,7 +47,7 @@ def launch_sglang_servers(
         else [free_port(cfg.host) for _ in range(cfg.n_servers)]
     )
     commands = [
-        build_sglang_command(
+        sglang_command(
             model_path,
             port=p,
             host=cfg.host,

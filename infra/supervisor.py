@@ -9,7 +9,10 @@ most ``max_restarts`` times per server. Listeners hear about it:
 - ``on_server_restarted(address)``: it answers /health again, serving the initial weights (the checkpoint
   watcher loads the current version into it);
 - ``on_server_lost(address, reason)``: it is given up (restarts used up, or it would not come back
-  within ``startup_timeout_s``). ``reason`` is a ``ServerLostError`` message: address, exit code, log.
+  within ``startup_timeout_s``). ``reason`` is a ``ServerLostError`` message: address, exit code, log;
+- ``on_fleet_stopping()``: the group is being stopped on request (``ServerGroup.stop``): servers going
+  away from now on are the shutdown, not faults (a client stops failing over, a watcher stops
+  reporting them unreachable).
 
 A restarted server keeps its address, so routing, rid affinity and the watcher's ack id stay valid.
 
@@ -47,6 +50,8 @@ class FleetListener(Protocol):
     def on_server_restarted(self, address: str) -> None: ...
 
     def on_server_lost(self, address: str, reason: str) -> None: ...
+
+    def on_fleet_stopping(self) -> None: ...
 
 
 class Supervisor:
@@ -127,6 +132,10 @@ class Supervisor:
         self.lost[address] = message
         logger.error("%s", message)
         self._tell("on_server_lost", address, message)
+
+    def announce_stopping(self) -> None:
+        """Tell the listeners that the group is being stopped on request (``on_fleet_stopping``)."""
+        self._tell("on_fleet_stopping")
 
     def _tell(self, event: str, *args: Any) -> None:
         with self._lock:

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rollflow.api.inference import GenerateRequest, InferenceClient, SamplingParams
-from rollflow.rollout.routing import control_call
+from rollflow.inference.contract import Engine
+from rollflow.inference.sglang import SGLangEngine
 from rollflow.workflows.rlvr import RewardScorer, render_chat
 
 if TYPE_CHECKING:
@@ -124,22 +125,31 @@ async def aevaluate(
 # --- served versions ------------------------------------------------------------------------------
 
 
-def served_version(addresses: list[str], api_key: str | None, *, timeout_s: float = 10.0) -> int:
+def served_version(
+    addresses: list[str], api_key: str | None, *, timeout_s: float = 10.0, engine: Engine | None = None
+) -> int:
     """The lowest ``weight_version`` the servers report (a non-integer version counts as 0), -1 for none.
 
+    ``engine``: the servers' (``rollflow.inference.engines.engine_for``); SGLang's protocol if omitted.
+
     Raises:
-        InferenceError: a server did not answer ``/get_model_info``.
+        InferenceError: a server did not answer.
     """
+    eng = engine if engine is not None else SGLangEngine()
     parsed = []
     for address in addresses:
-        info = control_call(address, "/get_model_info", api_key=api_key, timeout_s=timeout_s)
-        version = str(info["weight_version"]) if isinstance(info, dict) else ""
+        version = str(eng.served_version(address, api_key=api_key, timeout_s=timeout_s))
         parsed.append(int(version) if version.lstrip("-").isdigit() else 0)
     return min(parsed) if parsed else -1
 
 
 def wait_for_served_version(
-    addresses: list[str], api_key: str | None, min_version: int, *, timeout_s: float = 300.0
+    addresses: list[str],
+    api_key: str | None,
+    min_version: int,
+    *,
+    timeout_s: float = 300.0,
+    engine: Engine | None = None,
 ) -> int:
     """Poll every 0.5 s until every server serves ``>= min_version``; returns the served version.
 
@@ -148,7 +158,7 @@ def wait_for_served_version(
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        served = served_version(addresses, api_key)
+        served = served_version(addresses, api_key, engine=engine)
         if served >= min_version:
             return served
         if time.monotonic() > deadline:
@@ -166,9 +176,10 @@ async def arun_eval(cfg: ExperimentConfig, addresses: list[str]) -> EvalResult:
     """Greedy (unless ``eval.greedy`` is off) accuracy of the policy the servers serve now."""
     from transformers import AutoTokenizer
 
+    from rollflow.agents.evaluate import aevaluate_agent, is_agent_workflow
     from rollflow.data import load_prompts
+    from rollflow.inference.client import EngineClient
     from rollflow.rewards.inprocess import reward_runner_for
-    from rollflow.rollout.client import SGLangClient
     from rollflow.rollout.loop import sampling_params
 
     prompts = load_prompts(cfg.dataset, cfg.eval.split or cfg.dataset.eval_split)
@@ -179,8 +190,10 @@ async def arun_eval(cfg: ExperimentConfig, addresses: list[str]) -> EvalResult:
     sampling.max_new_tokens = cfg.eval.max_new_tokens or sampling.max_new_tokens
     if cfg.eval.greedy:
         sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p = 0.0, 1.0, -1, 0.0
-    client = SGLangClient.from_config(cfg.inference, addresses)
+    client = EngineClient.from_config(cfg.inference, addresses)
     try:
+        if is_agent_workflow(cfg.rollout.workflow):  # an agent is scored by running it, episode by episode
+            return await aevaluate_agent(cfg, client, prompts, sampling)
         async with reward_runner_for(
             cfg.dataset.reward_fn,
             max_workers=cfg.rollout.reward_workers,

@@ -65,7 +65,9 @@ def evaluate_policy(
     metrics: MetricsSink | None = None,
 ) -> dict[str, Any]:
     logger = get_run_logger()
-    wait_for_served_version(addresses, cfg.inference.api_key, min_version)
+    from rollflow.inference.engines import engine_for
+
+    wait_for_served_version(addresses, cfg.inference.api_key, min_version, engine=engine_for(cfg.inference))
     result = run_eval(cfg, addresses)
     logger.info(
         "eval %s: accuracy %.3f on %d prompts (version %d, %.1fs)",
@@ -105,6 +107,7 @@ def eval_loop(
     log_level: int = logging.INFO,
 ) -> list[dict[str, Any]]:
     """Evaluate every ``eval.every_n_versions`` served versions until ``stop_event`` is set."""
+    from rollflow.inference.engines import engine_for
     from rollflow.timing.clock import Timeline
 
     every = cfg.eval.every_n_versions
@@ -115,7 +118,7 @@ def eval_loop(
     next_version = every
     while not stop_event.wait(1.0):
         try:
-            served = served_version(addresses, cfg.inference.api_key)
+            served = served_version(addresses, cfg.inference.api_key, engine=engine_for(cfg.inference))
         except InferenceError:
             continue  # a server busy or restarting; try again next second
         if served < next_version or served >= cfg.train.steps:

@@ -50,6 +50,11 @@ class FleetLink:
         self.client.pool.drop(address, reason)
         self.watcher.drop_server(address, reason)
 
+    def on_fleet_stopping(self) -> None:
+        # A requested stop: servers going away now are not faults (no failover warnings, no ERRORs).
+        self.client.shutdown()
+        self.watcher.fleet.quiet = True
+
 
 @task(name="rollout-loop", cache_policy=NO_CACHE, persist_result=False)
 def rollout_loop(
@@ -62,9 +67,9 @@ def rollout_loop(
     fleet: Any = None,
     timeline: Any = None,
 ) -> dict[str, Any]:
-    from rollflow.rollout.client import SGLangClient
+    from rollflow.inference.client import EngineClient
+    from rollflow.inference.watcher import CheckpointWatcher
     from rollflow.rollout.loop import rollout_worker_id, run_rollout_loop
-    from rollflow.rollout.watcher import CheckpointWatcher
     from rollflow.timing.clock import Timeline
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
@@ -73,7 +78,7 @@ def rollout_loop(
     stop_event = stop_event or threading.Event()
     storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
     sink = PrefixSink(metrics, "rollout/")
-    client = SGLangClient.from_config(cfg.inference, addresses, metrics=sink)
+    client = EngineClient.from_config(cfg.inference, addresses, metrics=sink)
     fatal: list[str] = []
     own_timeline = timeline is None  # a deployment run (distributed mode): this process's own accounting
     timeline = timeline if timeline is not None else Timeline()

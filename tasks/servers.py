@@ -1,7 +1,8 @@
 """Task: start the inference servers the config asks for, and stop them.
 
-local: rollflow's CPU servers (infra/cpu_server) as child processes on 127.0.0.1;
-sglang: SGLang servers through infra/sglang_launcher; external: servers someone else runs.
+local: rollflow's CPU servers (infra/cpu_server) as child processes on 127.0.0.1; vllm: vLLM servers
+through infra/vllm_launcher; sglang: SGLang servers through infra/sglang_launcher; external: servers
+someone else runs.
 Child servers are tied to this process (they die with it), so a cancelled flow run leaves no orphans.
 Launched servers are supervised: one that dies is restarted on its address (``inference.max_restarts``).
 """
@@ -51,6 +52,10 @@ def start_servers(cfg: ExperimentConfig, model_path: str) -> Any:
         from infra.sglang_launcher import launch_sglang_servers
 
         handle = launch_sglang_servers(cfg.inference, model_path)
+    elif inf.backend == "vllm":
+        from infra.vllm_launcher import launch_vllm_servers
+
+        handle = launch_vllm_servers(cfg.inference, model_path)
     else:
         from infra.servers import launch_local_servers
 
@@ -59,7 +64,7 @@ def start_servers(cfg: ExperimentConfig, model_path: str) -> Any:
         handle.supervise(
             max_restarts=inf.max_restarts,
             interval_s=inf.supervise_interval_s,
-            startup_timeout_s=inf.startup_timeout_s,
+            startup_timeout_s=inf.vllm.startup_timeout_s if inf.backend == "vllm" else inf.startup_timeout_s,
         )
     logger.info("inference servers (%s): %s", inf.backend, ", ".join(handle.addresses))
     return handle

@@ -25,10 +25,10 @@ from tasks.tracking import PrefixSink
 class PauseServersHooks:
     """TrainerHooks that pause generation during each optimizer step (the synchronous baseline)."""
 
-    def __init__(self, addresses: list[str], api_key: str | None) -> None:
+    def __init__(self, addresses: list[str], api_key: str | None, engine: Any = None) -> None:
         from infra.control import ServerControl
 
-        self._control = ServerControl(addresses, api_key=api_key)
+        self._control = ServerControl(addresses, api_key=api_key, engine=engine)
 
     def before_step(self, version: int) -> None:
         self._control.pause()
@@ -56,7 +56,9 @@ def train_loop(
     storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
     hooks = None
     if cfg.rollout.pause_during_training and pause_addresses:
-        hooks = PauseServersHooks(pause_addresses, cfg.inference.api_key)
+        from rollflow.inference.engines import engine_for
+
+        hooks = PauseServersHooks(pause_addresses, cfg.inference.api_key, engine_for(cfg.inference))
     progress = RunProgress(metrics, cfg.train.steps, say=logger.info) if report_progress else None
     sink = PrefixSink(progress if progress is not None else metrics, "train/")
     own_timeline = timeline is None  # a deployment run (distributed mode): this process's own accounting

@@ -118,7 +118,8 @@ class TinyModelConfig:
     warm_start_p_correct: float = field(
         default=0.2,
         metadata=_help(
-            "Task add_habit only (the other tasks' labels are always right). "
+            "Tasks add_habit and tool_lookup (the other tasks' labels are always right); tool_lookup: "
+            "the share of conversations that call the tool, the rest answer 'unknown'. "
             "After the clean phase, warm-start labels are the right sum with this probability, else the "
             "sum + 1 (except for problems with a multiple of ten as operand). Greedy decoding then says "
             "sum + 1 and RL has to unlearn it; a group of 8 samples holds a right answer with prob "
@@ -128,8 +129,8 @@ class TinyModelConfig:
     warm_start_clean_fraction: float = field(
         default=0.4,
         metadata=_help(
-            "Task add_habit only. Fraction of warm-start steps trained on right answers only (the sum is learnt faster "
-            "without the habit's label noise); the rest add the +1 habit."
+            "Tasks add_habit and tool_lookup. Fraction of warm-start steps trained on right answers only (the sum, "
+            "or the tool call and the copies, are learnt faster without the habit); the rest add the habit."
         ),
     )
 
@@ -190,7 +191,7 @@ class ModelConfig:
     )
 
 
-SyntheticTaskName = Literal["add_habit", "add_gap", "shift_gap"]
+SyntheticTaskName = Literal["add_habit", "add_gap", "shift_gap", "tool_lookup"]
 
 
 @dataclass
@@ -204,7 +205,9 @@ class SyntheticTaskConfig:
             "Task family (rollflow/data/tasks/). add_habit: two-digit addition with a planted +1 habit "
             "that RL removes in ~30 steps (smoke test); add_gap: two-digit addition whose warm start "
             "never saw an operand in 40-59, held out = such problems; shift_gap: shift a word's letters "
-            "by k ('abc+3=' -> 'def'), warm start never saw k = 4 or 5, held out = such problems. "
+            "by k ('abc+3=' -> 'def'), warm start never saw k = 4 or 5, held out = such problems; "
+            "tool_lookup: an agent (AgentWorkflow) must call a lookup tool whose values it cannot know, "
+            "2 model turns, warm start with a planted answer-without-the-tool habit. "
             "With model.bootstrap_tiny the tiny model is warm-started for this task."
         ),
     )
@@ -371,6 +374,14 @@ class RolloutConfig:
             "counted as rollout/rejected_filtered. Applied before should_accept_fn when both are set."
         ),
     )
+    dynamic_sampling_max_extra: float | None = field(
+        default=None,
+        metadata=_help(
+            "Cap on dynamic sampling's extra generation: at most this many groups without signal are "
+            "dropped per group kept (1.0 = at most twice the generation of plain sampling); past the cap "
+            "a group without signal is kept. None = no cap (generate until every group has signal)."
+        ),
+    )
     zero_variance_skip_prob: float = field(
         default=0.0,
         metadata=_help(
@@ -395,6 +406,21 @@ class RolloutConfig:
             "unfinished prompts. Keep it well above shard_flush_seconds and clock skew between hosts."
         ),
     )
+    keep_partials: bool = field(
+        default=True,
+        metadata=_help(
+            "At a graceful stop (Prefect cancel, SIGTERM, Ctrl-C) commit the episodes in flight as partial "
+            "records (prompt, tokens so far, logprobs, per-token versions), which a resume continues "
+            "instead of regenerating (rollflow/rollout/partials.py). False: they are regenerated."
+        ),
+    )
+    partial_drain_s: float = field(
+        default=5.0,
+        metadata=_help(
+            "At a graceful stop, how long to wait for the requests in flight to hand back their partial "
+            "output; what has not come back by then is regenerated on resume, as without keep_partials."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1 (GRPO needs >= 2 to learn)")
@@ -412,6 +438,12 @@ class RolloutConfig:
             "rollout.zero_variance_skip_prob",
             "must be in [0, 1) (1 would never revisit a skipped prompt)",
         )
+        if self.dynamic_sampling_max_extra is not None:
+            _check(
+                self.dynamic_sampling_max_extra >= 0,
+                "rollout.dynamic_sampling_max_extra",
+                "must be >= 0 or null (null = no cap; 0 = keep every group, as without dynamic sampling)",
+            )
         _check(self.reward_timeout_s > 0, "rollout.reward_timeout_s", "must be > 0")
         _check(0 < self.max_failure_rate <= 1, "rollout.max_failure_rate", "must be in (0, 1]")
         if self.max_epochs is not None:
@@ -426,6 +458,7 @@ class RolloutConfig:
             )
         _check(self.claim_block_size >= 1, "rollout.claim_block_size", "must be >= 1")
         _check(self.worker_lease_s > 0, "rollout.worker_lease_s", "must be > 0")
+        _check(self.partial_drain_s >= 0, "rollout.partial_drain_s", "must be >= 0")
 
 
 @dataclass
@@ -448,12 +481,65 @@ class SGLangConfig:
 
 
 @dataclass
+class VLLMConfig:
+    python: str = field(
+        default=".venv-vllm/bin/python",
+        metadata=_help(
+            "Python executable that has vLLM installed (a relative path is resolved against the repository "
+            "root; `make vllm-venv` builds the default, vLLM's CPU build, in its own venv)."
+        ),
+    )
+    dtype: str = field(default="auto", metadata=_help("--dtype (float32 for the tiny CPU models)."))
+    max_model_len: int | None = field(
+        default=None, metadata=_help("--max-model-len; None keeps the model's context length.")
+    )
+    max_num_seqs: int | None = field(
+        default=None, metadata=_help("--max-num-seqs; None = inference.max_batch_size.")
+    )
+    enforce_eager: bool = field(
+        default=False, metadata=_help("--enforce-eager (no CUDA graphs / compilation; on for tiny CPU runs).")
+    )
+    cpu_kvcache_space_gib: int = field(
+        default=1, metadata=_help("CPU build: KV cache size in GiB ($VLLM_CPU_KVCACHE_SPACE).")
+    )
+    expose_control_endpoints: bool = field(
+        default=False,
+        metadata=_help(
+            "Allow a non-loopback inference.host. vLLM's --api-key guards only /v1, /v2 and /inference; "
+            "the dev-mode control routes rollflow needs (/pause, /resume, /collective_rpc, "
+            "/update_weight_version) answer anyone who reaches the port, so put the server behind a "
+            "network policy and set inference.api_key before turning this on."
+        ),
+    )
+    extra_args: list[str] = field(
+        default_factory=list, metadata=_help("Extra api_server arguments, passed verbatim (last).")
+    )
+    startup_timeout_s: float = field(
+        default=300.0,
+        metadata=_help("How long to wait for /health after launch (about 60 s on 2 CPU cores)."),
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.python.strip() != "", "inference.vllm.python", "must name a Python executable")
+        _check(self.cpu_kvcache_space_gib >= 1, "inference.vllm.cpu_kvcache_space_gib", "must be >= 1")
+        _check(self.startup_timeout_s > 0, "inference.vllm.startup_timeout_s", "must be > 0")
+
+
+@dataclass
 class InferenceConfig:
-    backend: Literal["local", "sglang", "external"] = field(
+    backend: Literal["local", "vllm", "sglang", "external"] = field(
         default="local",
         metadata=_help(
-            "local: rollflow's CPU server (SGLang protocol); sglang: launch SGLang servers; "
-            "external: servers already running at `addresses`."
+            "local: rollflow's CPU server (SGLang protocol); vllm: launch vLLM servers (the CPU build here, "
+            "the CUDA build on GPUs); sglang: launch SGLang servers; external: servers already running at "
+            "`addresses` (they speak SGLang's protocol unless inference.engine says vllm)."
+        ),
+    )
+    engine: Literal["auto", "local", "vllm", "sglang"] = field(
+        default="auto",
+        metadata=_help(
+            "The protocol the client and watcher speak (docs/inference.md). auto: the backend's (external: "
+            "sglang's)."
         ),
     )
     n_servers: int | Literal["auto"] = field(
@@ -558,6 +644,7 @@ class InferenceConfig:
         ),
     )
     sglang: SGLangConfig = field(default_factory=SGLangConfig, metadata=_help("SGLang launcher."))
+    vllm: VLLMConfig = field(default_factory=VLLMConfig, metadata=_help("vLLM launcher."))
 
     def __post_init__(self) -> None:
         _check(self.n_servers == "auto" or self.n_servers >= 1, "inference.n_servers", "must be >= 1 or auto")
@@ -591,6 +678,59 @@ class InferenceConfig:
         _check(self.dead_server_timeout_s > 0, "inference.dead_server_timeout_s", "must be > 0")
 
 
+LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class LoraConfig:
+    rank: int = field(
+        default=0,
+        metadata=_help(
+            "LoRA rank r. 0 = off: full fine-tuning (the default). > 0: the trainer trains only rank-r "
+            "adapters (peft) on target_modules, publishes only the adapter (adapter_model.safetensors + "
+            "adapter_config.json) and the servers merge it into their base weights (docs/lora.md). "
+            "LoRA wants a larger train.lr than full fine-tuning (about 10x)."
+        ),
+    )
+    alpha: float = field(
+        default=32.0,
+        metadata=_help(
+            "LoRA alpha: the update is (alpha / rank) * B @ A. 32 keeps the best lr nearly independent of "
+            "the rank (Schulman et al., 'LoRA Without Regret', 2025)."
+        ),
+    )
+    dropout: float = field(
+        default=0.0,
+        metadata=_help(
+            "Dropout on the adapter's input. 0 keeps the training forward equal to the proximal and "
+            "behaviour policies' (dropout makes the PPO ratio noisy at step start)."
+        ),
+    )
+    target_modules: list[str] = field(
+        default_factory=lambda: list(LLAMA_LINEAR_MODULES),
+        metadata=_help(
+            "Names of the linear layers that get adapters (every module whose name ends with one). "
+            "Default: every linear layer of a Llama block, attention and MLP (LoRA Without Regret: "
+            "MLP layers matter most). A name no module has is an error."
+        ),
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    def __post_init__(self) -> None:
+        _check(self.rank >= 0, "train.lora.rank", "must be >= 0 (0 = off: full fine-tuning)")
+        _check(self.alpha > 0, "train.lora.alpha", "must be > 0 (32 is the default)")
+        _check(0 <= self.dropout < 1, "train.lora.dropout", "must be in [0, 1)")
+        if self.rank > 0:
+            _check(
+                bool(self.target_modules) and all(isinstance(m, str) and m for m in self.target_modules),
+                "train.lora.target_modules",
+                "must name at least one linear layer, e.g. [q_proj, v_proj]",
+            )
+
+
 @dataclass
 class TrainConfig:
     steps: int = field(default=100, metadata=_help("Optimizer steps to run (= final policy version)."))
@@ -601,6 +741,14 @@ class TrainConfig:
     )
     ppo_n_minibatches: int = field(
         default=1, metadata=_help("PPO updates per step; the batch is split into this many minibatches.")
+    )
+    ppo_epochs: int = field(
+        default=1,
+        metadata=_help(
+            "Passes over each batch per step (off-policy reuse, GRPO's mu): every pass makes "
+            "ppo_n_minibatches updates against the same proximal logprobs, the clip bounding the drift. "
+            "Costs trainer compute only, which waits for data most of the time when generation bounds the run."
+        ),
     )
     lr: float = field(default=1e-6, metadata=_help("AdamW learning rate."))
     weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay."))
@@ -691,6 +839,9 @@ class TrainConfig:
     )
     nproc_per_node: int = field(default=1, metadata=_help("torchrun ranks when distributed != none."))
     threads: int = field(default=1, metadata=_help("torch threads of the trainer on CPU."))
+    lora: LoraConfig = field(
+        default_factory=LoraConfig, metadata=_help("LoRA adapters instead of full fine-tuning (off).")
+    )
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "train.steps", "must be >= 1")
@@ -699,6 +850,7 @@ class TrainConfig:
         if self.loss_agg_max_tokens is not None:
             _check(self.loss_agg_max_tokens >= 1, "train.loss_agg_max_tokens", "must be >= 1 or null")
         _check(self.ppo_n_minibatches >= 1, "train.ppo_n_minibatches", "must be >= 1")
+        _check(self.ppo_epochs >= 1, "train.ppo_epochs", "must be >= 1 (1 = one pass, no reuse)")
         _check(
             self.batch_size >= self.ppo_n_minibatches,
             "train.ppo_n_minibatches",
@@ -792,9 +944,23 @@ class OrchestrationConfig:
     stop_timeout_s: float = field(
         default=30.0, metadata=_help("Grace period for loops and servers to stop before they are killed.")
     )
+    max_auto_resumes: int = field(
+        default=3,
+        metadata=_help(
+            "Automatic resumes of one trial (the deployments' auto-resume trigger, prefect.yaml) allowed "
+            "within auto_resume_window_s; past it the resumed run ends Failed (NotResumable) with the "
+            "reason instead of training. 0 turns automatic resume off."
+        ),
+    )
+    auto_resume_window_s: float = field(
+        default=3600.0,
+        metadata=_help("The window of max_auto_resumes, in seconds (counted in the trial's storage)."),
+    )
 
     def __post_init__(self) -> None:
         _check(self.n_rollout_workers >= 1, "orchestration.n_rollout_workers", "must be >= 1")
+        _check(self.max_auto_resumes >= 0, "orchestration.max_auto_resumes", "must be >= 0")
+        _check(self.auto_resume_window_s > 0, "orchestration.auto_resume_window_s", "must be > 0")
 
 
 @dataclass

@@ -76,6 +76,16 @@ class RolloutFailureError(RollflowError):
     """The rollout loop stopped because too many episodes raised; quotes the first traceback."""
 
 
+class RewardFunctionError(RollflowError):
+    """The reward function raised on every one of its first calls: it is broken, not unlucky.
+
+    The message quotes the first error and says how many calls raised."""
+
+
+class NotResumableError(RollflowError):
+    """A run whose failure would only repeat on a resume (``rollflow.auto_resume``); says why."""
+
+
 class TrainerError(RollflowError):
     """The trainer cannot continue (no data within the timeout, inconsistent resume state, ...)."""
 

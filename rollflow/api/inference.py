@@ -5,8 +5,8 @@ depend on (``BatchInferenceClient`` when a client can batch a group's requests; 
 when it is there). A result carries, for every output token, the behaviour logprob and the policy version that
 produced it; a generation interrupted by a weight update is resumed transparently by the client, so one
 result may span several versions.
-What it is not: the HTTP wire format (``rollflow.rollout.sglang_protocol``) or a client implementation
-(``rollflow.rollout.client``).
+What it is not: the HTTP wire format (``rollflow.inference.sglang_protocol``) or a client implementation
+(``rollflow.inference.client``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class GenerateResult:
 
 @runtime_checkable
 class InferenceClient(Protocol):
-    """What workflows call. Implementations: ``rollflow.rollout.client.SGLangClient``."""
+    """What workflows call. Implementations: ``rollflow.inference.client.EngineClient``."""
 
     async def agenerate(self, request: GenerateRequest) -> GenerateResult: ...
 

@@ -12,7 +12,7 @@ storage, so each can be tested with a ten-line fake and ``storage/`` can change 
   are consumed and counted (``TakeResult``).
 * ``CheckpointSink``   where the trainer publishes weights (``storage.checkpoints.CheckpointStore``).
 * ``CheckpointSource`` where the watcher finds, verifies and acknowledges them (the same store).
-* ``VersionProvider``  the newest policy version the servers serve (``SGLangClient.get_version``).
+* ``VersionProvider``  the newest policy version the servers serve (``EngineClient.get_version``).
 
 ``MetricsSink`` (``rollflow.api.metrics``) and ``InferenceClient`` (``rollflow.api.inference``)
 complete the set of injected collaborators.

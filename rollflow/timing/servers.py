@@ -9,7 +9,7 @@ returns, per server, over the interval since its previous reading:
 
 The CPU server (``infra/cpu_server``) reports all three counters. An engine that lacks one (SGLang and vLLM
 publish other counters) simply has no such figure; a server that does not answer is skipped.
-What it is not: a health check (``rollout.fleet_health``) nor a Prometheus scraper.
+What it is not: a health check (``rollflow.inference.fleet_health``) nor a Prometheus scraper.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from rollflow.rollout.routing import control_call
-from rollflow.rollout.sglang_protocol import ROUTE_SERVER_INFO
+from rollflow.inference.routing import control_call
+from rollflow.inference.sglang_protocol import ROUTE_SERVER_INFO
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ def test_every_shipped_config_loads() -> None:
         ("train.batch_size=abc", "train.batch_size", "expected an integer"),
         ("train.batch_size=2.5", "train.batch_size", "expected an integer"),
         ("train.lr=fast", "train.lr", "expected a number"),
-        ("inference.backend=vllm", "inference.backend", "must be one of"),
+        ("inference.backend=tgi", "inference.backend", "must be one of"),
         ("train=3", "train", "expected a mapping"),
         ("train.c_clip=0.5", "train.c_clip", "must be > 1"),
         ("model.bootstrap_tiny=maybe", "model.bootstrap_tiny", "expected true/false"),

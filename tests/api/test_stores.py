@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rollflow.api import stores
-from rollflow.rollout.client import SGLangClient
+from rollflow.inference.client import EngineClient
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
 from storage.shard_reader import ShardReader
@@ -24,7 +24,7 @@ PAIRS = [
     (stores.ShardSource, ShardReader),
     (stores.CheckpointSink, CheckpointStore),
     (stores.CheckpointSource, CheckpointStore),
-    (stores.VersionProvider, SGLangClient),
+    (stores.VersionProvider, EngineClient),
 ]
 
 

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from infra.servers import ServerGroup, cpu_server_command, launch_local_servers, redact_command
+from infra.servers import ServerGroup, launch_local_servers, redact_command
 from rollflow.api.config import InferenceConfig
 from rollflow.configuration.redact import REDACTED
+from rollflow.inference.sglang import cpu_server_command
 
 KEY = "test-key-123"
 

@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 
 from infra.servers import redact_command
-from infra.sglang_launcher import build_sglang_command, launch_sglang_servers
+from infra.sglang_launcher import launch_sglang_servers
 from rollflow.api.config import InferenceConfig, SGLangConfig
 from rollflow.api.errors import ServerStartupError
+from rollflow.inference.sglang import sglang_command
 
 
 def test_command_has_model_host_port_tp_and_nothing_unset() -> None:
-    cmd = build_sglang_command("/models/qwen", port=30001, host="0.0.0.0")
+    cmd = sglang_command("/models/qwen", port=30001, host="0.0.0.0")
     assert cmd == [
         "python", "-m", "sglang.launch_server", "--model-path", "/models/qwen",
         "--host", "0.0.0.0", "--port", "30001", "--tp-size", "1",
@@ -37,7 +38,7 @@ def test_command_with_every_option() -> None:
         mem_fraction_static=0.8,
         extra_args=["--log-level", "warning"],
     )
-    cmd = build_sglang_command(
+    cmd = sglang_command(
         "/m", port=1, sglang=sg, api_key="k", weight_version="7", base_gpu_id=2, dtype="bfloat16"
     )
     assert cmd == [

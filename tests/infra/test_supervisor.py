@@ -31,8 +31,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from rollflow.api.errors import ServerLostError
-from rollflow.rollout.routing import ServerPool, control_call
-from rollflow.rollout.watcher import CheckpointWatcher, default_server_id
+from rollflow.inference.routing import ServerPool, control_call
+from rollflow.inference.watcher import CheckpointWatcher, default_server_id
 from storage import keys
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
@@ -260,7 +260,7 @@ def test_acks_of_a_watcher_process_killed_with_its_flow_hold_nothing_back(
     store = CheckpointStore(storage, ack_ttl_s=300.0)
     store.publish(tiny_model_dir, 0)  # what the shared server serves: the sidecar acks it, loads nothing
     cmd = [
-        sys.executable, "-m", "rollflow.rollout.watcher", "--storage-root", str(root), "--experiment", "exp",
+        sys.executable, "-m", "rollflow.inference.watcher", "--storage-root", str(root), "--experiment", "exp",
         "--trial", "trial", "--servers", cpu_server.addresses[0], "--cache-dir", str(tmp_path / "cache"),
         "--poll-interval-s", "0.2",
     ]  # fmt: skip

@@ -291,8 +291,8 @@ class SlowTrainer(threading.Thread):
 def test_staleness_bound_holds_against_a_slow_trainer_and_across_a_restart(
     inference_lib: Any, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from rollflow.rollout.client import SGLangClient
-    from rollflow.rollout.watcher import CheckpointWatcher
+    from rollflow.inference.client import EngineClient
+    from rollflow.inference.watcher import CheckpointWatcher
 
     eta, batch = 1, 2
     cfg = _cfg(max_staleness=eta, max_concurrent_rollouts=6, group_size=2)
@@ -309,7 +309,7 @@ def test_staleness_bound_holds_against_a_slow_trainer_and_across_a_restart(
             over_capacity.append(f"{stat} at version {version}")
 
     def segment(addresses: list[str], stop_when: Any) -> Any:
-        client = SGLangClient(addresses)
+        client = EngineClient(addresses)
         watcher = CheckpointWatcher(
             CheckpointStore(storage), addresses, cache_dir=tmp_path / "cache", poll_interval_s=0.1,
             on_update=client.set_version,
@@ -375,7 +375,7 @@ def test_loop_on_the_real_server_survives_hanging_rewards_bad_rows_and_failing_e
     from transformers import AutoTokenizer
 
     from rollflow.api.metrics import InMemorySink
-    from rollflow.rollout.client import SGLangClient
+    from rollflow.inference.client import EngineClient
 
     storage = Storage.open(str(tmp_path / "store"), "exp", "t0", {})  # S3 is covered by the tests above
     cfg = _cfg(max_epochs=1, group_size=2, reward_timeout_s=0.5, reward_workers=2)
@@ -397,7 +397,7 @@ def test_loop_on_the_real_server_survives_hanging_rewards_bad_rows_and_failing_e
     sink = InMemorySink()
 
     async def run() -> Any:
-        client = SGLangClient(cpu_server.addresses)
+        client = EngineClient(cpu_server.addresses)
         try:
             return await run_rollout_loop(
                 cfg, storage, client, workflow=workflow, prompts=rows, metrics=sink, poll_interval_s=0.05

@@ -177,14 +177,14 @@ def test_an_abort_across_a_weight_update_records_both_versions_with_two_writers(
     outputs on the new weights, and each writer commits rows whose tokens come from both versions:
     versions [0, ..., 0, 1, ..., 1] over the loss tokens, head 0, tail 1, and every token's logprob is
     the one its own version's weights give (teacher-forced on the full prefix)."""
-    from rollflow.rollout.client import SGLangClient
-    from rollflow.rollout.watcher import CheckpointWatcher
+    from rollflow.inference.client import EngineClient
+    from rollflow.inference.watcher import CheckpointWatcher
     from storage.checkpoints import CheckpointStore
 
     storage = Storage.open(str(tmp_path / "store"), "exp", "t0", {})
     store = CheckpointStore(storage)
     with inference_lib.launch_cpu_servers(tiny_model_dir, 1) as servers:
-        clients = [SGLangClient(servers.addresses) for _ in range(2)]
+        clients = [EngineClient(servers.addresses) for _ in range(2)]
         watcher = CheckpointWatcher(
             store, servers.addresses, cache_dir=tmp_path / "cache", poll_interval_s=0.1,
             on_update=lambda v: [c.set_version(v) for c in clients],

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from rollflow.api.inference import GenerateRequest, SamplingParams
-from rollflow.rollout.client import SGLangClient
+from rollflow.inference.client import EngineClient
 from rollflow.timing.servers import ServerMeter
 
 
@@ -15,7 +15,7 @@ def test_server_meter_reads_a_real_cpu_server(cpu_server: Any) -> None:
     meter = ServerMeter(cpu_server.addresses)
 
     async def generate() -> None:
-        client = SGLangClient(cpu_server.addresses)
+        client = EngineClient(cpu_server.addresses)
         try:
             sp = SamplingParams(max_new_tokens=16, ignore_eos=True)
             await asyncio.gather(*(client.agenerate(GenerateRequest([1, 2, 3, 4], sp)) for _ in range(16)))

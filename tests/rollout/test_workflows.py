@@ -70,9 +70,9 @@ def _tokenizer(model_dir: Path) -> Any:
 
 
 async def _with_client(addresses: list[str], fn: Any) -> Any:
-    from rollflow.rollout.client import SGLangClient
+    from rollflow.inference.client import EngineClient
 
-    client = SGLangClient(addresses)
+    client = EngineClient(addresses)
     try:
         return await fn(RecordingClient(client))
     finally:
@@ -133,14 +133,14 @@ def test_rlvr_sends_a_group_as_one_batch_and_scores_it_in_one_round_trip(
 ) -> None:
     """With the real client and the real reward runner a group of 4 is one /generate and one worker
     round trip, and its rows are as exact as the per-sample path's."""
+    from rollflow.inference.client import EngineClient
     from rollflow.rewards import AsyncRewardRunner
     from rollflow.rewards.synthetic import synthetic_reward_fn
-    from rollflow.rollout.client import SGLangClient
 
     tok = _tokenizer(tiny_model_dir)
 
     async def run() -> tuple[TrajectoryGroup | None, dict[str, int], Any]:
-        client = SGLangClient(cpu_server.addresses)
+        client = EngineClient(cpu_server.addresses)
         async with AsyncRewardRunner(synthetic_reward_fn, max_workers=2, timeout_s=30) as runner:
             wf = RLVRWorkflow(
                 synthetic_reward_fn, tok, SamplingParams(max_new_tokens=8), group_size=4, reward_runner=runner

@@ -189,7 +189,7 @@ def test_files_rows_become_one_user_message_the_answer_and_passthrough_data(task
 def rollout(task_dir: Path, server: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Eight train prompts x 4 samples through the real rollout loop (its own workflow, tokenizer and
     prompts from the config; the reward wrapped to record its arguments); the shards read back."""
-    from rollflow.rollout.client import SGLangClient
+    from rollflow.inference.client import EngineClient
     from rollflow.rollout.loop import run_rollout_loop
     from storage.fs import Storage
     from storage.shard_reader import ShardReader
@@ -207,7 +207,7 @@ def rollout(task_dir: Path, server: Any, tmp_path_factory: pytest.TempPathFactor
         "train.batch_size=8",
     )
     storage = Storage.open(str(task_dir / "store"), "user-path", "t0", {})
-    client = RecordingClient(SGLangClient(server.addresses))
+    client = RecordingClient(EngineClient(server.addresses))
 
     async def run() -> Any:
         try:

@@ -9,11 +9,12 @@ weights. Each poll, in this order:
 3. ``store.verified_dir(N, cache_dir)`` checks size + digest of every file against COMMIT.json **while
    the servers keep generating**: in place on a local root (nothing copied), downloaded into the cache
    (hashing on the way) on S3, or always into the cache with ``in_place=False``;
-4. per server (in parallel): skip if ``/get_model_info`` already reports ``weight_version == str(N)``;
-   else ``/pause_generation {"mode": pause_mode}`` (``inference.update_pause_mode``; with "abort" in-flight
+4. per server (in parallel), through its ``Engine`` (``rollflow.inference.contract``): skip if it already
+   reports version N; else ``engine.pause(mode)`` (``inference.update_pause_mode``; with "abort" in-flight
    requests return their partial output and the client resumes them, with "retract" the server keeps them
-   and recomputes their KV cache under the new weights), ``/update_weights_from_disk {"model_path": <verified dir>, "weight_version": "N"}``, and
-   ``/continue_generation`` (always, also after a failed update);
+   and recomputes their KV cache under the new weights), ``engine.load_weights(<verified dir>, "N")``
+   (SGLang: ``/update_weights_from_disk``; vLLM: ``/collective_rpc reload_weights``), and
+   ``engine.resume()`` (always, also after a failed update);
 5. ``store.ack(N, server_id)`` for each server now serving N (a failed one's "loading" ack is retracted),
    then ``on_update(N)`` once all do.
 
@@ -22,9 +23,9 @@ when (a) a trainer in this process moves LATEST (``store.subscribe()``: the embe
 and watcher are threads of one process, sees a publish at once), or (b) on a local root, a stat of
 LATEST every ``local_poll_interval_s`` shows that it was replaced (a sidecar or another process).
 
-Server health (``rollflow.rollout.fleet_health.FleetHealth``, which the watcher owns and which keeps
+Server health (``rollflow.inference.fleet_health.FleetHealth``, which the watcher owns and which keeps
 the acks): every ``health_interval_s`` (default ``poll_interval_s``) each server is asked which version
-it serves (``/get_model_info``, one GET). A server that does not answer is unreachable: it no longer
+it serves (one GET). A server that does not answer is unreachable: it no longer
 holds the others back (``serving_version`` and ``on_update`` follow the servers that answer), and it is
 probed again on later polls. One that serves another version than the others (it was restarted and
 serves the initial weights again) is loaded with the served version at once. When no server has
@@ -45,9 +46,9 @@ version is tried at once.
 
 Runs as a thread in the rollout process (``start()`` / ``stop()``) or as a sidecar next to SGLang::
 
-    python -m rollflow.rollout.watcher --storage-root s3://bucket/runs --experiment E --trial T \\
+    python -m rollflow.inference.watcher --storage-root s3://bucket/runs --experiment E --trial T \\
         --servers 127.0.0.1:30000[,host:port...] [--cache-dir /ckpt-cache] [--poll-interval-s 1] \\
-        [--local-poll-interval-s 0.02] [--no-in-place] [--ack-ttl-s 300]
+        [--local-poll-interval-s 0.02] [--no-in-place] [--ack-ttl-s 300] [--engine sglang|vllm|local]
     # API key from $ROLLFLOW_INFERENCE_API_KEY; S3 credentials from the AWS_* variables
 
 What it is not: no generation, no GC of storage (the trainer's ``CheckpointStore.gc`` uses the acks),
@@ -75,19 +76,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rollflow.api.config import InferenceConfig
-from rollflow.api.errors import InferenceError, ServerUnavailableError, WeightUpdateError
+from rollflow.api.errors import InferenceError, ServerUnavailableError
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.stores import CheckpointSource
-from rollflow.rollout.fleet_health import FleetHealth
-from rollflow.rollout.routing import control_call
-from rollflow.rollout.sglang_protocol import (
-    ROUTE_CONTINUE,
-    ROUTE_MODEL_INFO,
-    ROUTE_PAUSE,
-    ROUTE_UPDATE_WEIGHTS,
-    PauseMode,
-    UpdateWeightFromDiskReqInput,
-)
+from rollflow.inference.contract import Engine
+from rollflow.inference.fleet_health import FleetHealth
+from rollflow.inference.routing import control_call
+from rollflow.inference.sglang_protocol import PauseMode
 from rollflow.timing.clock import RoleClock, Timeline
 
 logger = logging.getLogger(__name__)
@@ -139,6 +134,7 @@ class CheckpointWatcher:
         in_place: bool = True,
         pause_mode: PauseMode = "abort",
         api_key: str | None = None,
+        engine: Engine | None = None,
         server_ids: Sequence[str] | None = None,
         on_update: Callable[[int], None] | None = None,
         metrics: MetricsSink | None = None,
@@ -165,6 +161,13 @@ class CheckpointWatcher:
         self.in_place = in_place  # False: copy into cache_dir also on a local root (servers can't see it)
         self.pause_mode: PauseMode = pause_mode  # /pause_generation mode around each update
         self.api_key = api_key
+        if engine is None:
+            from rollflow.inference.sglang import SGLangEngine
+
+            engine = SGLangEngine()
+        self.engine: Engine = engine
+        if pause_mode not in engine.pause_modes:
+            raise ValueError(f"pause mode {pause_mode!r}: engine {engine.name} takes {engine.pause_modes}")
         self.on_update = on_update
         # one line per loaded version: chatter beside a training run (DEBUG), the news in a sidecar (INFO)
         self.update_log_level = update_log_level
@@ -177,6 +180,7 @@ class CheckpointWatcher:
             self.servers,
             self.server_ids,
             api_key=api_key,
+            engine=engine,
             health_interval_s=poll_interval_s if health_interval_s is None else health_interval_s,
             dead_server_timeout_s=dead_server_timeout_s,
             ack_ttl_s=ack_ttl_s,
@@ -209,10 +213,13 @@ class CheckpointWatcher:
         ack_ttl_s: float | None = None,
         on_fatal: Callable[[str], None] | None = None,
         clock: RoleClock | None = None,
+        engine: Engine | None = None,
     ) -> CheckpointWatcher:
         """``poll_interval_s``, ``local_poll_interval_s``, ``update_pause_mode``, ``api_key``,
         ``weight_update_timeout_s`` and ``dead_server_timeout_s`` from the ``inference`` section;
-        ``ack_ttl_s`` is ``storage.ack_ttl_s``."""
+        ``ack_ttl_s`` is ``storage.ack_ttl_s``; the engine is ``inference.backend``'s unless given."""
+        from rollflow.inference.engines import engine_for
+
         return cls(
             store,
             servers,
@@ -221,6 +228,7 @@ class CheckpointWatcher:
             local_poll_interval_s=cfg.local_poll_interval_s,
             pause_mode=cfg.update_pause_mode,  # type: ignore[arg-type]
             api_key=cfg.api_key,
+            engine=engine if engine is not None else engine_for(cfg),
             on_update=on_update,
             metrics=metrics,
             request_timeout_s=cfg.weight_update_timeout_s,
@@ -344,38 +352,22 @@ class CheckpointWatcher:
             self.clock.enter("loading" if self._n_paused > 0 else "updating")
 
     def _update_server(self, addr: str, local: Path, v: int) -> tuple[str, float, str]:
-        """Pause -> update -> continue one server; ``(status, pause_s, error)``, status "ok", "unreachable"
-        (it did not answer: dead or restarting) or "failed" (it refused)."""
+        """Pause -> load -> resume one server through its engine; ``(status, pause_s, error)``, status "ok",
+        "unreachable" (it did not answer: dead or restarting) or "failed" (it refused)."""
         kw: dict[str, Any] = {"api_key": self.api_key, "timeout_s": 30.0}
+        eng = self.engine
         try:
-            info = control_call(addr, ROUTE_MODEL_INFO, **kw)
-            if isinstance(info, dict) and str(info.get("weight_version")) == str(v):
+            if eng.served_version(addr, **kw) == str(v):
                 return "ok", 0.0, ""
             t0 = time.perf_counter()
-            control_call(addr, ROUTE_PAUSE, {"mode": self.pause_mode}, **kw)
+            eng.pause(addr, self.pause_mode, **kw)
             self._paused(+1)
             try:
-                body = UpdateWeightFromDiskReqInput(model_path=str(local), weight_version=str(v)).to_json()
-                try:
-                    reply = control_call(
-                        addr,
-                        ROUTE_UPDATE_WEIGHTS,
-                        body,
-                        api_key=self.api_key,
-                        timeout_s=self.request_timeout_s,
-                    )
-                except ServerUnavailableError:
-                    raise
-                except InferenceError as e:
-                    reply = getattr(e, "reply", None)
-                    msg = reply.get("message") if isinstance(reply, dict) else str(e)
-                    raise WeightUpdateError(f"update refused: {msg}") from None
-                if not (isinstance(reply, dict) and reply.get("success")):
-                    raise WeightUpdateError(f"update refused: {reply}")
+                eng.load_weights(addr, local, str(v), api_key=self.api_key, timeout_s=self.request_timeout_s)
             finally:
                 try:
                     with contextlib.suppress(ServerUnavailableError):  # it died: the pause died with it
-                        control_call(addr, ROUTE_CONTINUE, {}, **kw)
+                        eng.resume(addr, **kw)
                 finally:
                     self._paused(-1)
             return "ok", time.perf_counter() - t0, ""
@@ -499,6 +491,8 @@ class CheckpointWatcher:
         self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop polling; a server that stops answering from now on is expected (no ERROR lines)."""
+        self.fleet.quiet = True
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -520,7 +514,7 @@ class CheckpointWatcher:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m rollflow.rollout.watcher", description=__doc__.split("\n\n")[0]
+        prog="python -m rollflow.inference.watcher", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--storage-root", required=True, help="Local path, file://... or s3://bucket/prefix.")
     p.add_argument("--experiment", required=True)
@@ -559,10 +553,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--wait-servers-s", type=float, default=1800.0, help="Wait this long for /health at start."
     )
+    p.add_argument(
+        "--engine", default="sglang", choices=["sglang", "vllm", "local"], help="The servers' engine."
+    )
     p.add_argument("--log-level", default="info")
     ns = p.parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s watcher: %(message)s")
 
+    from rollflow.inference.engines import engine_for
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
 
@@ -581,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         local_poll_interval_s=ns.local_poll_interval_s,
         in_place=not ns.no_in_place,
         api_key=os.environ.get(API_KEY_ENV) or None,
+        engine=engine_for(ns.engine),
         server_ids=ids,
         request_timeout_s=ns.request_timeout_s,
         ack_ttl_s=ns.ack_ttl_s or None,

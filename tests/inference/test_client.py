@@ -1,4 +1,4 @@
-"""``SGLangClient`` against real CPU servers on 127.0.0.1: resumption, routing, retries and failover.
+"""``EngineClient`` against real CPU servers on 127.0.0.1: resumption, routing, retries and failover.
 
 The weight update in the middle of a generation (tokens from two versions) is in test_watcher.py, where
 the real watcher drives it.
@@ -17,8 +17,8 @@ import pytest
 from infra.servers import free_port
 from rollflow.api.errors import InvalidRequestError, ServerUnavailableError
 from rollflow.api.inference import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
-from rollflow.rollout.client import SGLangClient
-from rollflow.rollout.routing import ServerPool, control_call
+from rollflow.inference.client import EngineClient
+from rollflow.inference.routing import ServerPool, control_call
 
 PROMPT = [5, 6, 7, 8]
 
@@ -52,7 +52,7 @@ def test_agenerate_returns_tokens_logprobs_and_versions(
     cpu_server: Any, tiny_model_dir: Path, inference_lib: Any
 ) -> None:
     async def go() -> GenerateResult:
-        client = SGLangClient(cpu_server.addresses)
+        client = EngineClient(cpu_server.addresses)
         assert isinstance(client, InferenceClient)
         try:
             return await client.agenerate(
@@ -74,7 +74,7 @@ def test_pause_mid_generation_resumes_within_the_token_budget(
     addr = cpu_server.addresses[0]
 
     async def go() -> tuple[GenerateResult, GenerateResult]:
-        client = SGLangClient(cpu_server.addresses)
+        client = EngineClient(cpu_server.addresses)
         try:
             task = asyncio.create_task(client.agenerate(greedy(400)))
             await wait_tokens(addr, 30)
@@ -105,7 +105,7 @@ def test_agenerate_many_batches_the_first_segment_and_resumes_each_member(
     sp = SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True)
 
     async def go() -> tuple[list[GenerateResult], list[GenerateResult], dict[str, int]]:
-        client = SGLangClient(cpu_server.addresses)
+        client = EngineClient(cpu_server.addresses)
         try:
             task = asyncio.create_task(
                 client.agenerate_many([GenerateRequest(p, sp, rid=f"g-{i}") for i, p in enumerate(prompts)])
@@ -137,7 +137,7 @@ def test_agenerate_many_batches_the_first_segment_and_resumes_each_member(
 
 def test_agenerate_many_with_different_sampling_sends_each_alone(cpu_server: Any) -> None:
     async def go() -> tuple[list[GenerateResult], dict[str, int]]:
-        client = SGLangClient(cpu_server.addresses)
+        client = EngineClient(cpu_server.addresses)
         try:
             out = await client.agenerate_many([greedy(5, rid="a"), greedy(7, rid="b")])
             return out, dict(client.counters)
@@ -150,8 +150,8 @@ def test_agenerate_many_with_different_sampling_sends_each_alone(cpu_server: Any
 
 
 def test_bad_request_raises_at_once_without_retries(cpu_server: Any) -> None:
-    async def go() -> SGLangClient:
-        client = SGLangClient(cpu_server.addresses, retry_backoff_s=0.01)
+    async def go() -> EngineClient:
+        client = EngineClient(cpu_server.addresses, retry_backoff_s=0.01)
         try:
             with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
                 await client.agenerate(GenerateRequest([3, 99_999], SamplingParams(max_new_tokens=2)))
@@ -166,7 +166,7 @@ def test_unreachable_servers_raise_server_unavailable() -> None:
     dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
 
     async def go() -> None:
-        client = SGLangClient(dead, max_retries=1, retry_backoff_s=0.01, connect_timeout_s=1.0)
+        client = EngineClient(dead, max_retries=1, retry_backoff_s=0.01, connect_timeout_s=1.0)
         try:
             await client.agenerate(greedy(4))
         finally:
@@ -207,7 +207,7 @@ def two_servers(cpu_server: Any, tiny_model_dir: Path, inference_lib: Any) -> An
 
 def test_rid_affinity_and_least_loaded_spread(two_servers: Any) -> None:
     async def go() -> tuple[set[str], list[str]]:
-        client = SGLangClient(two_servers.addresses)
+        client = EngineClient(two_servers.addresses)
         try:
             spread = await asyncio.gather(*(client.agenerate(greedy(40)) for _ in range(6)))
             turns = [(await client.agenerate(greedy(3, rid="episode-9"))).server for _ in range(4)]
@@ -227,7 +227,7 @@ def test_failover_resumes_from_partial_output_when_a_server_dies(
     a, b = two_servers.addresses
 
     async def go() -> tuple[GenerateResult, GenerateResult]:
-        client = SGLangClient([a, b], retry_backoff_s=0.05, max_retries=2)
+        client = EngineClient([a, b], retry_backoff_s=0.05, max_retries=2)
         try:
             client.pool.acquire(b)  # make A the least loaded, so the request starts there
             task = asyncio.create_task(client.agenerate(greedy(600, rid="ep-failover")))

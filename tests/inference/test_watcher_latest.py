@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from rollflow.api.metrics import InMemorySink
-from rollflow.rollout.routing import control_call
-from rollflow.rollout.watcher import CheckpointWatcher
+from rollflow.inference.routing import control_call
+from rollflow.inference.watcher import CheckpointWatcher
 from storage import keys
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage

@@ -4,7 +4,7 @@ What it is: plain dataclasses and parse/build functions for ``/generate``, ``/up
 ``/pause_generation``, ``/continue_generation`` and ``/abort_request``, with SGLang's field names,
 defaults and error messages (source: ``sglang/srt/managers/io_struct.py``,
 ``sglang/srt/sampling/sampling_params.py``, ``sglang/srt/utils/weight_versions.py``). Both sides use it:
-the CPU server (``infra.cpu_server``) parses requests with it, the client (``rollflow.rollout.client``)
+the CPU server (``infra.cpu_server``) parses requests with it, the client (``rollflow.inference.client``)
 builds requests and reads replies with it. docs/inference.md shows the exact payloads.
 
 What it is not: no I/O, no HTTP, no model. Which optional SGLang features the CPU server implements is

@@ -10,7 +10,7 @@ the acks that tell checkpoint GC what they hold. Per server address:
   server never holds checkpoint GC back while it restarts (it serves nothing); the next one acks
   what it is loaded with.
 - **served version**: learnt from a load (``on_serving``) or asked for by ``check_if_due``: every
-  ``health_interval_s`` one GET of ``/get_model_info`` per live server. ``resync(address)`` (its
+  ``health_interval_s`` one version query per live server (``Engine.served_version``). ``resync(address)`` (its
   supervisor restarted it) forgets what it served and makes the next check due at once.
 - **unreachable** since when: it did not answer (``on_unreachable``, or a failed check). It no longer
   holds the others back (``reachable()`` leaves it out) and is asked again by later checks; one that
@@ -34,7 +34,7 @@ after t = 90 reports it: "no server has answered for 60 s" is then true. After `
 ``drop(b)`` it is fatal at once ("every inference server was dropped (none left)").
 
 What it is not: no weight loading (pause / update / continue is the watcher's), no polling of LATEST,
-no routing of requests (``rollflow.rollout.routing``), no restarts (``infra/supervisor.py``). The
+no routing of requests (``rollflow.inference.routing``), no restarts (``infra/supervisor.py``). The
 watcher's thread calls it and ``drop`` / ``resync`` come from a supervisor's thread, so the bookkeeping is
 under one re-entrant lock; the health check's GETs run outside it.
 """
@@ -50,8 +50,7 @@ from typing import Any
 
 from rollflow.api.errors import InferenceError
 from rollflow.api.stores import CheckpointSource
-from rollflow.rollout.routing import control_call
-from rollflow.rollout.sglang_protocol import ROUTE_MODEL_INFO
+from rollflow.inference.contract import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +65,7 @@ class FleetHealth:
         server_ids: Sequence[str],
         *,
         api_key: str | None = None,
+        engine: Engine | None = None,
         health_interval_s: float = 1.0,
         dead_server_timeout_s: float = 60.0,
         ack_ttl_s: float | None = None,
@@ -74,6 +74,12 @@ class FleetHealth:
         self.store = store  # only its ack / retract_ack are used here
         self.servers = list(servers)
         self.api_key = api_key
+        if engine is None:
+            from rollflow.inference.sglang import SGLangEngine
+
+            engine = SGLangEngine()
+        self.engine: Engine = engine
+        self.quiet = False  # set on a requested shutdown: servers going away is expected, not an error
         self.health_interval_s = health_interval_s
         self.dead_server_timeout_s = dead_server_timeout_s
         self.ack_ttl_s = ack_ttl_s  # the store's ack TTL: acks are refreshed every ack_ttl_s / 4
@@ -130,7 +136,8 @@ class FleetHealth:
         with self._lock:
             if addr not in self._unreachable:
                 self._unreachable[addr] = time.monotonic()
-                logger.error("inference server %s is unreachable: %s", addr, message)
+                level = logging.DEBUG if self.quiet else logging.ERROR
+                logger.log(level, "inference server %s is unreachable: %s", addr, message)
                 self._served.pop(addr, None)
 
     def drop(self, address: str, reason: str) -> bool:
@@ -199,11 +206,11 @@ class FleetHealth:
             self._check_fatal()
 
     def _model_info(self, addr: str) -> dict[str, Any] | str:
+        """``{"weight_version": v}`` as the engine reports it, or the error message when it did not answer."""
         try:
-            info = control_call(addr, ROUTE_MODEL_INFO, api_key=self.api_key, timeout_s=5.0)
+            return {"weight_version": self.engine.served_version(addr, api_key=self.api_key, timeout_s=5.0)}
         except InferenceError as e:
             return str(e)
-        return info if isinstance(info, dict) else {}
 
     def _mark_reachable(self, addr: str) -> None:
         with self._lock:

@@ -1,12 +1,12 @@
-"""The SGLang wire format the client and the CPU server share (``rollflow.rollout.sglang_protocol``); no server."""
+"""The SGLang wire format the client and the CPU server share (``rollflow.inference.sglang_protocol``); no server."""
 
 from __future__ import annotations
 
 import pytest
 
 from rollflow.api.errors import InvalidRequestError
-from rollflow.rollout.client import SGLangClient
-from rollflow.rollout.sglang_protocol import (
+from rollflow.inference.client import EngineClient
+from rollflow.inference.sglang_protocol import (
     TOP_K_ALL,
     UpdateWeightFromDiskReqInput,
     WeightVersionSpan,
@@ -87,7 +87,7 @@ def test_update_request_round_trip_and_version_strings() -> None:
 
 
 def test_client_versions_parse_to_int_with_fallback() -> None:
-    client = SGLangClient(["127.0.0.1:1"], initial_version=2)
+    client = EngineClient(["127.0.0.1:1"], initial_version=2)
     assert client._parse_version("default") == 2  # SGLang's default name: the client's current version
     assert client._parse_version("5") == 5 and client.get_version() == 5  # seen in a reply: raised
     client.set_version(3)

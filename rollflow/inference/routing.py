@@ -7,11 +7,13 @@ What it is:
   failed at the connection level is marked down and only picked again after ``down_cooldown_s``, or when
   no healthy one is left. A server ``drop``ped (its supervisor gave up on it) is never picked again;
   while one is ``restarting``, a request that found no server waits for it instead of failing.
-- ``control_call``: one blocking JSON call to an SGLang control route (``/pause_generation``,
-  ``/update_weights_from_disk``, ...) with urllib, for code that is not on an event loop (the checkpoint
-  watcher thread, ``SGLangClient.pause()``).
+- ``control_call``: one blocking JSON call to an engine's control route (``/pause_generation``,
+  ``/collective_rpc``, ...) with urllib, for code that is not on an event loop (the engines' control
+  methods, which the checkpoint watcher thread and ``EngineClient.pause()`` call);
+- ``health_ok``: ``GET /health`` answered 200 (no API key needed by any engine).
 
-What it is not: no retries or resumption (``client.py``), no weight-update policy (``watcher.py``).
+What it is not: no retries or resumption (``client.py``), no weight-update policy (``watcher.py``), no
+engine's routes (``sglang.py``, ``vllm.py``).
 """
 
 from __future__ import annotations
@@ -27,13 +29,22 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from rollflow.api.errors import InferenceError, InvalidRequestError, ServerUnavailableError
-from rollflow.rollout.sglang_protocol import error_message
+from rollflow.inference.sglang_protocol import error_message
 
 
 def base_url(address: str) -> str:
     """``host:port`` or ``http(s)://host:port`` -> ``http://host:port`` (no trailing slash)."""
     a = address.strip().rstrip("/")
     return a if a.startswith(("http://", "https://")) else f"http://{a}"
+
+
+def health_ok(address: str, timeout_s: float = 2.0) -> bool:
+    """GET /health answered 200 (``/health`` needs no API key in SGLang, vLLM or the CPU server)."""
+    try:
+        with urllib.request.urlopen(base_url(address) + "/health", timeout=timeout_s) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

@@ -28,9 +28,9 @@ import pytest
 from rollflow.api.config import InferenceConfig
 from rollflow.api.inference import GenerateRequest, SamplingParams
 from rollflow.api.metrics import InMemorySink
-from rollflow.rollout.client import SGLangClient
-from rollflow.rollout.routing import control_call
-from rollflow.rollout.watcher import CheckpointWatcher, default_server_id
+from rollflow.inference.client import EngineClient
+from rollflow.inference.routing import control_call
+from rollflow.inference.watcher import CheckpointWatcher, default_server_id
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
 
@@ -106,7 +106,7 @@ def _update_mid_generation(
     timeline = Timeline()
 
     async def go() -> Any:
-        client = SGLangClient(server.addresses)
+        client = EngineClient(server.addresses)
         w = CheckpointWatcher(
             store,
             server.addresses,
@@ -268,7 +268,7 @@ def test_sidecar_cli_updates_the_servers_and_stops_on_sigterm(
     store.publish(tiny_model_dir_b, 5)
     root = store.storage.root_uri.rsplit("/exp/trial", 1)[0]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rollflow.rollout.watcher", "--storage-root", root, "--experiment", "exp",
+        [sys.executable, "-m", "rollflow.inference.watcher", "--storage-root", root, "--experiment", "exp",
          "--trial", "trial", "--servers", addr, "--cache-dir", str(tmp_path / "c"), "--poll-interval-s", "0.1"],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -1,17 +1,18 @@
-"""``SGLangClient``: the interruptible, failing-over ``InferenceClient`` over SGLang's native HTTP API.
+"""``EngineClient``: the interruptible, failing-over ``InferenceClient`` over any ``Engine``.
 
-What it is: ``agenerate`` sends ``/generate`` (``input_ids``, ``sampling_params``, ``return_logprob``) to
-one server and keeps going until the request stops or reaches ``max_new_tokens``:
+What it is: ``agenerate`` sends one generate call (``Engine.generate_call``: SGLang's ``/generate``,
+vLLM's ``/inference/v1/generate``) to one server and keeps going until the request stops or reaches
+``max_new_tokens``:
 
 - **interruption**: a reply with ``finish_reason.type == "abort"`` (a weight update paused the server, or
   someone aborted the rid) carries the partial output. The client appends it and re-submits
   prompt + all output so far to the **same** server with the remaining budget
-  ``max_new_tokens - len(output)``; the server's pause gate holds the new call until
-  ``/continue_generation``, so nothing spins. Each token's policy version is read from the reply's
-  ``meta_info.weight_versions`` spans (``weight_version`` when absent), parsed to int; a version that is
-  not an integer (SGLang's ``"default"``) counts as the client's current ``get_version()``.
+  ``max_new_tokens - len(output)``; the server's pause gate holds the new call until it resumes, so
+  nothing spins. Each token's policy version is read from the reply's ``weight_versions`` spans
+  (``weight_version`` when absent), parsed to int; a version that is not an integer (SGLang's
+  ``"default"``, a vLLM server not yet labelled) counts as the client's current ``get_version()``.
 - **routing**: rid affinity through a bounded LRU, else the least-loaded server (``routing.ServerPool``).
-  Each segment is sent as ``f"{rid}-{n}"``, so ``/abort_request`` with ``rid`` (prefix match) reaches it.
+  Each segment is sent as ``f"{rid}-{n}"``; a cancelled request aborts the tag in flight.
 - **failures**: a connection failure (refused, reset, the server died mid-request) marks the server down
   and the segment goes to another server, resumed from prompt + the output received so far (a non-streamed
   reply that never arrived is lost and regenerated). 5xx, 408, 429 and timeouts are retried the same way;
@@ -20,16 +21,22 @@ one server and keeps going until the request stops or reaches ``max_new_tokens``
   so a request waits for the restart instead of failing.
   A 4xx raises ``InvalidRequestError`` at once; no server left raises ``ServerUnavailableError``.
 
-- **batches**: ``agenerate_many`` sends the first segment of several requests with one sampling setting (a
-  GRPO group) as one batched ``/generate`` (``input_ids`` a list, ``rid`` a list): one HTTP round trip and
-  one server-side parse instead of ``n``. A member that comes back interrupted continues on its own as
-  above, from its partial output, on the same server; a batch that fails over is resent whole.
+- **batches**: where the engine ``batches`` (SGLang, the CPU server), ``agenerate_many`` sends the first
+  segment of several requests with one sampling setting (a GRPO group) as one batched ``/generate``
+  (``input_ids`` a list, ``rid`` a list): one HTTP round trip and one server-side parse instead of ``n``.
+  A member that comes back interrupted continues on its own as above, from its partial output, on the
+  same server; a batch that fails over is resent whole.
 
 ``pause()`` / ``resume()`` (blocking, any thread) and ``apause()`` / ``aresume()`` pause all servers of
 this client for the synchronous baseline. ``set_version`` / ``get_version`` carry the newest served
 policy version (the checkpoint watcher calls ``set_version``; versions seen in replies also raise it).
 
-What it is not: no tokenizer, no streaming, no weight updates (``rollflow.rollout.watcher``).
+**Requested shutdown**: after ``shutdown()``, ``stop_resuming()`` or ``aclose()`` a failed call is the
+shutdown, not a fault: nothing is logged at WARNING, nothing is retried or failed over, and the request
+returns with ``finish_reason == "abort"`` and the output it had.
+
+What it is not: no tokenizer, no streaming, no engine's wire format (``rollflow.inference.sglang``,
+``rollflow.inference.vllm``), no weight updates (``rollflow.inference.watcher``).
 """
 
 from __future__ import annotations
@@ -55,22 +62,17 @@ from rollflow.api.errors import (
 )
 from rollflow.api.inference import GenerateRequest, GenerateResult, SamplingParams
 from rollflow.api.metrics import MetricsSink, NullSink
-from rollflow.rollout.routing import ServerPool, auth_headers, base_url, control_call
-from rollflow.rollout.sglang_protocol import (
-    ROUTE_ABORT,
-    ROUTE_CONTINUE,
-    ROUTE_GENERATE,
-    ROUTE_PAUSE,
-    GenerateOutput,
-    PauseMode,
-    build_generate_payload,
-    error_message,
-    parse_generate_response,
-)
+from rollflow.inference.contract import Engine
+from rollflow.inference.routing import ServerPool, auth_headers, base_url
+from rollflow.inference.sglang_protocol import GenerateOutput, PauseMode, error_message
 
 logger = logging.getLogger(__name__)
 
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class _ShuttingDown(Exception):
+    """A call failed after ``shutdown()``: the request ends as an abort, quietly."""
 
 
 class _Transient(Exception):
@@ -97,13 +99,14 @@ class _Progress:
     finish: str | None = None
 
 
-class SGLangClient:
+class EngineClient:
     """Implements ``rollflow.api.inference.InferenceClient``. Safe to build outside an event loop."""
 
     def __init__(
         self,
         addresses: Sequence[str],
         *,
+        engine: Engine | None = None,
         api_key: str | None = None,
         request_timeout_s: float = 120.0,
         connect_timeout_s: float = 5.0,
@@ -118,6 +121,11 @@ class SGLangClient:
         self.pool = ServerPool(
             addresses, affinity_lru_size=affinity_lru_size, down_cooldown_s=down_cooldown_s
         )
+        if engine is None:
+            from rollflow.inference.sglang import SGLangEngine
+
+            engine = SGLangEngine()
+        self.engine: Engine = engine
         self.api_key = api_key
         self.request_timeout_s = request_timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -131,14 +139,19 @@ class SGLangClient:
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._background: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[str, str] = {}  # rid -> the tag of its segment in flight (for aborts)
         self.counters = {"requests": 0, "segments": 0, "interruptions": 0, "failovers": 0, "retries": 0}
 
     @classmethod
     def from_config(
         cls, cfg: InferenceConfig, addresses: Sequence[str], *, metrics: MetricsSink | None = None
-    ) -> SGLangClient:
+    ) -> EngineClient:
+        """The client for ``inference.backend``'s engine (``rollflow.inference.engines.engine_for``)."""
+        from rollflow.inference.engines import engine_for
+
         return cls(
             addresses,
+            engine=engine_for(cfg),
             api_key=cfg.api_key,
             request_timeout_s=cfg.request_timeout_s,
             connect_timeout_s=cfg.connect_timeout_s,
@@ -184,10 +197,15 @@ class SGLangClient:
     async def agenerate_many(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         """``agenerate`` for each request, the first segments sent as one batched ``/generate``.
 
-        Results come back in the order of ``requests``. Requests whose sampling settings differ are not
-        batched (each is sent on its own); a single request is plain ``agenerate``.
+        Results come back in the order of ``requests``. Requests whose sampling settings differ, or an
+        engine that does not batch (vLLM), send each request on its own; a single request is plain
+        ``agenerate``.
         """
-        if len(requests) <= 1 or any(r.sampling != requests[0].sampling for r in requests):
+        if (
+            len(requests) <= 1
+            or not self.engine.batches
+            or any(r.sampling != requests[0].sampling for r in requests)
+        ):
             return list(await asyncio.gather(*(self.agenerate(r) for r in requests)))
         for r in requests:
             if not r.input_ids:
@@ -195,11 +213,14 @@ class SGLangClient:
         self.counters["requests"] += len(requests)
         progress = [_Progress(rid=r.rid or uuid.uuid4().hex) for r in requests]
         sp = requests[0].sampling
-        payload = self._payload(list(requests[0].input_ids), sp, sp.max_new_tokens)
-        payload["input_ids"] = [list(r.input_ids) for r in requests]  # [n][P_i]
+        inputs = [list(r.input_ids) for r in requests]  # [n][P_i]
         rids = [p.rid for p in progress]
         try:
-            server, outs, segment, failovers = await self._send(rids, payload, 0, prefer=None)
+            server, outs, segment, failovers = await self._send(
+                rids, inputs, sp, sp.max_new_tokens, 0, prefer=None
+            )
+        except _ShuttingDown:
+            return [self._result(r, p, "abort") for r, p in zip(requests, progress, strict=True)]
         except asyncio.CancelledError:
             for addr in self.pool.addresses:  # the batch's server is not known until it answers
                 self._abort_all_quietly(addr, rids)
@@ -236,8 +257,13 @@ class SGLangClient:
                 if self._closed:
                     finish = "abort"
                     break
-                payload = self._payload(prompt + out_ids, sp, remaining)
-                server, outs, segment, failovers = await self._send([rid], payload, segment, prefer=server)
+                try:
+                    server, outs, segment, failovers = await self._send(
+                        [rid], [prompt + out_ids], sp, remaining, segment, prefer=server
+                    )
+                except _ShuttingDown:
+                    finish = "abort"
+                    break
                 out = outs[0]
                 interruptions += failovers
                 self._append(out, out_ids, out_lps, out_versions)
@@ -269,6 +295,21 @@ class SGLangClient:
             server=server or "",
         )
 
+    @staticmethod
+    def _result(request: GenerateRequest, p: _Progress, finish: str) -> GenerateResult:
+        """``p``'s output so far as a result (a request ended by a shutdown before it ran)."""
+        return GenerateResult(
+            rid=p.rid,
+            input_ids=list(request.input_ids),
+            output_ids=p.out_ids,
+            output_logprobs=p.out_lps,
+            output_versions=p.out_versions,
+            finish_reason=finish,  # type: ignore[arg-type]
+            n_interruptions=p.interruptions,
+            latency_s=time.monotonic() - p.t0,
+            server=p.server or "",
+        )
+
     def _append(self, out: GenerateOutput, ids: list[int], lps: list[float], versions: list[int]) -> None:
         if out.output_token_logprobs is None:
             raise InferenceError(f"server reply for {out.rid} has no output_token_logprobs")
@@ -280,27 +321,20 @@ class SGLangClient:
                 cache[v] = self._parse_version(v)
             versions.append(cache[v])
 
-    def _payload(self, input_ids: list[int], sp: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
-        return build_generate_payload(
-            input_ids,
-            max_new_tokens=max_new_tokens,
-            temperature=sp.temperature,
-            top_p=sp.top_p,
-            top_k=sp.top_k,
-            min_p=sp.min_p,
-            stop_token_ids=sp.stop_token_ids,
-            ignore_eos=sp.ignore_eos,
-            skip_special_tokens=sp.skip_special_tokens,
-            sampling_seed=sp.sampling_seed,
-            return_logprob=True,
-        )
-
     async def _send(
-        self, rids: list[str], payload: dict[str, Any], segment: int, *, prefer: str | None
+        self,
+        rids: list[str],
+        inputs: list[list[int]],
+        sp: SamplingParams,
+        max_new_tokens: int,
+        segment: int,
+        *,
+        prefer: str | None,
     ) -> tuple[str, list[GenerateOutput], int, int]:
         """One segment (of one request, or a batch: one rid each) with retries and failover.
 
-        Returns ``(server, replies in rid order, next_segment, n_failovers)``.
+        Returns ``(server, replies in rid order, next_segment, n_failovers)``; raises ``_ShuttingDown``
+        when a call fails after ``shutdown()``.
         """
         rid = rids[0]  # routing key of the batch
         errors: list[str] = []
@@ -318,13 +352,16 @@ class SGLangClient:
                     break
                 tried.add(addr)
                 tagged = [f"{r}-{segment}" for r in rids]
-                payload["rid"] = tagged if len(rids) > 1 else tagged[0]
+                call = self.engine.generate_call(tagged, inputs, sp, max_new_tokens)
                 segment += 1
                 self.counters["segments"] += 1
                 self.pool.acquire(addr)
+                self._in_flight.update(zip(rids, tagged, strict=True))
                 try:
-                    outs = await self._post_generate(addr, payload, len(rids))
+                    outs = await self._post_generate(addr, call.route, call.payload, tagged)
                 except _Transient as e:
+                    if self._closed:  # a requested shutdown: the server going away is expected
+                        raise _ShuttingDown(str(e)) from None
                     errors.append(str(e))
                     logger.warning("rid %s on %s: %s; trying another server", rid, addr, e)
                     if e.down:
@@ -335,9 +372,13 @@ class SGLangClient:
                     continue
                 finally:
                     self.pool.release(addr)
+                    for r in rids:
+                        self._in_flight.pop(r, None)
                 self.pool.mark_up(addr)
                 self.pool.remember(rid, addr)
                 return addr, outs, segment, len(errors)
+            if self._closed:
+                raise _ShuttingDown("the client was shut down")
             if self.pool.restarting():  # its supervisor is bringing a server back: wait, not a round
                 await asyncio.sleep(min(1.0, self.retry_backoff_s))
                 continue
@@ -352,17 +393,20 @@ class SGLangClient:
             f"{len(self.pool.addresses)} server(s); last errors: {errors[-3:]}"
         )
 
-    async def _post_generate(self, addr: str, payload: dict[str, Any], n: int) -> list[GenerateOutput]:
-        """POST one ``/generate``; ``n`` replies are expected (``n > 1``: a batch, a JSON list back)."""
+    async def _post_generate(
+        self, addr: str, route: str, payload: dict[str, Any], tags: list[str]
+    ) -> list[GenerateOutput]:
+        """POST one generate call; one reply per tag is expected (more than one: a batch)."""
+        n = len(tags)
         session = self._get_session()
         try:
-            async with session.post(base_url(addr) + ROUTE_GENERATE, json=payload) as resp:
+            async with session.post(base_url(addr) + route, json=payload) as resp:
                 status = resp.status
                 raw = await resp.read()
         except aiohttp.ConnectionTimeoutError as e:
             raise _Transient(f"connect timeout: {e}", down=True) from None
         except TimeoutError:
-            for tagged in payload["rid"] if n > 1 else [payload["rid"]]:
+            for tagged in tags:
                 await self._abort_quietly(addr, tagged)
             raise _Transient(f"no reply within {self.request_timeout_s}s", down=False) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
@@ -373,13 +417,7 @@ class SGLangClient:
             body = raw.decode(errors="replace")
         if status == 200:
             try:
-                if n == 1:
-                    return [parse_generate_response(body)]
-                if not isinstance(body, list) or len(body) != n:
-                    raise InvalidRequestError(
-                        f"a batch of {n} got {type(body).__name__} back, not {n} replies"
-                    )
-                return [parse_generate_response(item) for item in body]
+                return self.engine.parse_generate(body, n)
             except (InvalidRequestError, KeyError, TypeError, ValueError) as e:
                 raise _Transient(f"malformed reply: {e}", down=False) from None
         if status in _RETRYABLE_STATUS:
@@ -391,15 +429,17 @@ class SGLangClient:
         if addr is None:
             return
         for rid in rids:
-            task = asyncio.get_running_loop().create_task(self._abort_quietly(addr, rid))
+            tag = self._in_flight.get(rid, rid)  # the segment in flight (vLLM aborts exact ids only)
+            task = asyncio.get_running_loop().create_task(self._abort_quietly(addr, tag))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
     async def _abort_quietly(self, addr: str, rid: str) -> None:
+        call = self.engine.abort_call([rid])
         try:
             session = self._get_session()
             async with session.post(
-                base_url(addr) + ROUTE_ABORT, json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=5)
+                base_url(addr) + call.route, json=call.payload, timeout=aiohttp.ClientTimeout(total=5)
             ):
                 pass
         except Exception as e:  # best effort
@@ -421,32 +461,34 @@ class SGLangClient:
     # --- pause / resume (synchronous baseline) -----------------------------------------------------------------
 
     async def apause(self, mode: PauseMode = "abort") -> None:
-        """``/pause_generation`` on every server; in-flight calls return aborted and are resumed later."""
-        await asyncio.gather(*(self._acontrol(a, ROUTE_PAUSE, {"mode": mode}) for a in self.pool.addresses))
+        """Pause every server; in-flight calls return aborted and are resumed later."""
+        await asyncio.to_thread(self.pause, mode)
 
     async def aresume(self) -> None:
-        await asyncio.gather(*(self._acontrol(a, ROUTE_CONTINUE, {}) for a in self.pool.addresses))
-
-    async def _acontrol(self, addr: str, route: str, body: dict[str, Any]) -> None:
-        try:
-            async with self._get_session().post(base_url(addr) + route, json=body) as resp:
-                if resp.status != 200:
-                    raise InferenceError(
-                        f"{addr}{route} -> HTTP {resp.status}: {error_message(await resp.text())}"
-                    )
-        except aiohttp.ClientConnectionError as e:
-            raise ServerUnavailableError(f"{addr}{route}: {e}") from None
+        await asyncio.to_thread(self.resume)
 
     def pause(self, mode: PauseMode = "abort") -> None:
         """Blocking ``apause`` for code outside the event loop (e.g. the trainer's step hook)."""
         for a in self.pool.addresses:
-            control_call(
-                a, ROUTE_PAUSE, {"mode": mode}, api_key=self.api_key, timeout_s=self.request_timeout_s
-            )
+            self.engine.pause(a, mode, api_key=self.api_key, timeout_s=self.request_timeout_s)
 
     def resume(self) -> None:
         for a in self.pool.addresses:
-            control_call(a, ROUTE_CONTINUE, {}, api_key=self.api_key, timeout_s=self.request_timeout_s)
+            self.engine.resume(a, api_key=self.api_key, timeout_s=self.request_timeout_s)
+
+    def stop_resuming(self) -> None:
+        """From now on an interrupted request returns its partial output (``finish_reason`` abort) instead
+        of being re-submitted: a graceful stop that keeps its partial episodes (``rollout.partials``)."""
+        self._closed = True
+
+    async def aabort(self, rids: Sequence[str]) -> None:
+        """Abort ``rids`` (the segment each has in flight) on every server; each returns its partial output."""
+        tags = [self._in_flight.get(r, r) for r in rids]
+        await asyncio.gather(*(self._abort_quietly(a, t) for a in self.pool.addresses for t in tags))
+
+    def shutdown(self) -> None:
+        """A requested stop (any thread): from now on failures end requests quietly as aborts."""
+        self._closed = True
 
     async def aclose(self) -> None:
         """Stop resuming interrupted requests and close the HTTP session."""

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from infra.servers import free_port
-from rollflow.rollout.fleet_health import FleetHealth
+from rollflow.inference.fleet_health import FleetHealth
 
 
 class _Acks:

@@ -1,0 +1,47 @@
+"""``python -m infra.vllm_server ARGS``: vLLM's OpenAI API server, with a quiet stop.
+
+What it is: runs ``vllm.entrypoints.openai.api_server`` (its own ``__main__``, same arguments) after one
+change to its logging: once the server logs its own ``[shutdown]`` lines, the ``EngineDeadError``
+traceback that vLLM 0.32's ``AsyncLLM.output_handler`` logs is dropped. vLLM stops its engine core before
+it cancels that task, so the task sees the engine die and logs the death as a failure in about 4 of 10
+stops (issue 25); before a shutdown began the same record is a real fault and is kept.
+
+What it is not: a vLLM fork or a change to anything else it logs. It runs in vLLM's own venv, so it
+imports nothing of rollflow.
+"""
+
+from __future__ import annotations
+
+import logging
+import runpy
+
+
+class QuietStop(logging.Filter):
+    """Drops ``AsyncLLM output_handler failed`` (an ``EngineDeadError``) once a ``[shutdown]`` was logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopping = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "[shutdown]" in message:
+            self.stopping = True
+            return True
+        dead = record.exc_info is not None and type(record.exc_info[1]).__name__ == "EngineDeadError"
+        return not (self.stopping and (dead or "EngineDeadError" in message))
+
+
+def install() -> QuietStop:
+    """Attach one ``QuietStop`` to every handler of vLLM's logger (configured when ``vllm.logger`` loads)."""
+    import vllm.logger  # noqa: F401  (configures the "vllm" logger and its handlers)
+
+    quiet = QuietStop()
+    for handler in logging.getLogger("vllm").handlers + logging.getLogger().handlers:
+        handler.addFilter(quiet)
+    return quiet
+
+
+if __name__ == "__main__":
+    install()
+    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
