@@ -30,6 +30,7 @@ Printed keys, medians over seeds with ``_spread`` (min..max) beside them: ``trl_
 ``rollflow_completions_per_s``, ``completions_per_s_ratio``, ``trl_acc_at_{S}s``, ``rollflow_acc_at_{S}s``
 (S = ``--seconds``, 600 by default), ``time_to_trl_final_ratio`` (median seconds rollflow needs to reach
 TRL's median final accuracy, / S), ``rollflow_time_to_0.8`` (median, or ``none``),
+``{trl,rollflow}_completions_to_0.8`` (learning per generated token, ``completions_to``),
 ``{trl,rollflow}_acc_at_step_{N}`` and ``per_step_acc_ratio_at_{N}`` for N in ``--snapshot-steps``
 (500, 1000, 1500 by default; rollflow's median accuracy at optimizer step N / TRL's, ``none`` when a
 run of either system did not reach step N; the spread is of the per-seed ratios),
@@ -164,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="configs/tiny_hard.yaml")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--seconds", type=float, default=600.0, help="training seconds per run")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=10**7,
+        help="also stop each run after this many optimizer steps: compares learning per step and per "
+        "generated token on a machine whose speed varies",
+    )
     p.add_argument("--sync-seconds", type=float, default=60.0, help="per seed; 0 = skip the sync baseline")
     p.add_argument("--snapshot-every", type=float, default=30.0, help="training seconds between snapshots")
     p.add_argument(
@@ -244,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 "prompts": _prompt_order(train_rows, seed, n_prompts),
                 "seed": seed,
                 "seconds": args.seconds,
-                "max_steps": 10**7,
+                "max_steps": args.max_steps,
                 "snapshot_every_s": args.snapshot_every,
                 "lr": args.trl_lr if args.trl_lr is not None else cfg.train.lr,
                 "batch_prompts": cfg.train.batch_size,
@@ -252,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
                 "max_new_tokens": gen.max_new_tokens,
                 "temperature": gen.temperature,
                 "grad_clip": cfg.train.grad_clip,
+                "eps_clip": cfg.train.eps_clip,
+                "eps_clip_higher": cfg.train.eps_clip_higher,
+                "ppo_epochs": cfg.train.ppo_epochs,
                 "beta": 0.0,
                 "threads": args.threads,
                 "out_dir": str(run_dir),
@@ -267,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 "overrides": common,
                 "seed": seed,
                 "seconds": args.sync_seconds if sync else args.seconds,
+                "max_steps": args.max_steps,
                 "snapshot_every_s": args.snapshot_every,
                 "snapshot_steps": args.snapshot_steps,
                 "out_dir": str(run_dir),
@@ -348,6 +360,30 @@ def per_step_keys(by: dict[str, list[dict[str, Any]]], steps: Sequence[int] = PE
     return out
 
 
+def completions_to(run: dict[str, Any], threshold: float) -> float:
+    """Completions generated until the first snapshot at or above ``threshold`` (NaN if none reached it).
+
+    Learning per generated token, blind to the machine's speed: snapshot step x completions generated
+    per step (``completions`` counts every generated one, the groups dynamic sampling dropped included).
+    """
+    reached = [int(k) for k, a in run.get("step_acc", {}).items() if a is not None and a >= threshold]
+    if not reached:
+        return math.nan
+    return min(reached) * run["completions"] / max(1, run["steps"])
+
+
+def per_token_keys(by: dict[str, list[dict[str, Any]]], threshold: float = 0.8) -> dict[str, str]:
+    """``{system}_completions_to_{threshold}``: the median over the runs that got there, and how many did."""
+    out: dict[str, str] = {}
+    for system in ("trl", "rollflow"):
+        got = [c for c in (completions_to(r, threshold) for r in by.get(system, [])) if math.isfinite(c)]
+        if by.get(system):
+            out[f"{system}_completions_to_{threshold}"] = _fmt(median(got)) if got else "none"
+            out[f"{system}_completions_to_{threshold}_spread"] = spread(got)
+            out[f"{system}_runs_reaching_{threshold}"] = f"{len(got)}/{len(by[system])}"
+    return out
+
+
 def summarize(runs: list[dict[str, Any]], seconds: float, steps: Sequence[int] = PER_STEP) -> dict[str, str]:
     """The printed ``key value`` figures (medians over seeds; ``_spread`` keys give min..max)."""
     by: dict[str, list[dict[str, Any]]] = {}
@@ -377,6 +413,7 @@ def summarize(runs: list[dict[str, Any]], seconds: float, steps: Sequence[int] =
         out["time_to_trl_final_ratio"] = _fmt(median(times) / seconds)
         out["time_to_trl_final_spread"] = spread(times)
     out.update(per_step_keys(by, steps))
+    out.update(per_token_keys(by))
     if "rollflow" in by:
         times = [time_to(r["curve"], 0.8) for r in by["rollflow"]]
         out["rollflow_time_to_0.8"] = _fmt(median(times))

@@ -15,7 +15,7 @@ or MLflow, so that nothing but rollflow's own machinery is on the clock:
 * ``sync: true`` runs the synchronous baseline (``rollout.max_staleness=0`` and
   ``rollout.pause_during_training``: the trainer pauses the servers around each step).
 
-Spec keys: ``config``, ``overrides`` (dotted), ``seed``, ``seconds``, ``snapshot_every_s``,
+Spec keys: ``config``, ``overrides`` (dotted), ``seed``, ``seconds``, ``max_steps`` (optional), ``snapshot_every_s``,
 ``snapshot_steps`` (optional), ``out_dir``, ``sync``. Output: ``out_dir/curve.json`` (+ ``snap-NNN.safetensors``), the same format as
 ``bench/peer_trl.py``, plus rollflow's per-step timings and rollout counters.
 
@@ -87,8 +87,10 @@ class SnapshotHooks:
         budget_s: float,
         stop: threading.Event,
         steps: tuple[int, ...] = (),
+        max_steps: int = 10**9,
     ) -> None:
         self.clock, self.every_s, self.budget_s, self.stop = clock, every_s, budget_s, stop
+        self.max_steps = max_steps  # a step budget beside the seconds (bench.peer --max-steps)
         self.steps = frozenset(steps)  # versions (= optimizer steps done) that get a snapshot
         self.trainer: Any = None
         self.control: Any = None  # infra.control.ServerControl in the synchronous baseline
@@ -117,9 +119,10 @@ class SnapshotHooks:
             self.control.resume()
         now = self.clock.now()
         self.step_ends.append(now)
-        if now >= self._next_mark or now >= self.budget_s or version in self.steps:
+        last = now >= self.budget_s or version >= self.max_steps
+        if now >= self._next_mark or last or version in self.steps:
             self.take(version)
-        if now >= self.budget_s:
+        if last:
             self.stop.set()
 
 
@@ -161,8 +164,8 @@ def rollout_only(spec: dict[str, Any]) -> None:
     """The rollout loop and the checkpoint watcher, in this process, until SIGTERM (``rollout_process``)."""
     from transformers import AutoTokenizer  # noqa: F401  (see run())
 
-    from rollflow.rollout.client import SGLangClient
-    from rollflow.rollout.watcher import CheckpointWatcher
+    from rollflow.inference.client import EngineClient
+    from rollflow.inference.watcher import CheckpointWatcher
     from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
 
@@ -173,7 +176,7 @@ def rollout_only(spec: dict[str, Any]) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     sink = InMemorySink()
-    client = SGLangClient.from_config(cfg.inference, addresses, metrics=sink)
+    client = EngineClient.from_config(cfg.inference, addresses, metrics=sink)
     watcher = CheckpointWatcher.from_config(
         cfg.inference, CheckpointStore(storage), addresses, cache_dir=Path(cfg.storage.local_cache),
         on_update=client.set_version, metrics=sink,
@@ -193,8 +196,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     from infra.control import ServerControl
     from infra.servers import launch_local_servers
-    from rollflow.rollout.client import SGLangClient
-    from rollflow.rollout.watcher import CheckpointWatcher
+    from rollflow.inference.client import EngineClient
+    from rollflow.inference.watcher import CheckpointWatcher
     from rollflow.timing.clock import Timeline
     from rollflow.timing.report import TimingReporter, bounds
     from rollflow.training.trainer import Trainer
@@ -209,7 +212,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     sink = InMemorySink()
     stop = threading.Event()
     clock = Clock()
-    hooks = SnapshotHooks(clock, every, seconds, stop, tuple(spec.get("snapshot_steps", ())))
+    hooks = SnapshotHooks(
+        clock, every, seconds, stop, tuple(spec.get("snapshot_steps", ())), int(spec.get("max_steps", 10**9))
+    )
     servers = launch_local_servers(cfg.inference, cfg.model.path, log_dir=out / "server-logs")
     timeline = Timeline()  # where the time goes (rollflow.timing): the same accounting as the flow's
     reporters: list[TimingReporter] = []
@@ -221,7 +226,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         )
         hooks.trainer = trainer
         rollout_sink = _Prefixed(sink, "rollout/")
-        client = SGLangClient.from_config(cfg.inference, servers.addresses, metrics=rollout_sink)
+        client = EngineClient.from_config(cfg.inference, servers.addresses, metrics=rollout_sink)
         watcher = CheckpointWatcher.from_config(
             cfg.inference,
             CheckpointStore(storage),

@@ -375,6 +375,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         lr_scheduler_type="constant",
         warmup_steps=0,
         max_grad_norm=float(spec["grad_clip"]),
+        # The same clip and batch reuse as rollflow's train.eps_clip(_higher) and train.ppo_epochs.
+        epsilon=float(spec.get("eps_clip", 0.2)),
+        epsilon_high=float(spec.get("eps_clip_higher") or spec.get("eps_clip", 0.2)),
+        num_iterations=int(spec.get("ppo_epochs", 1)),
         optim="adamw_torch",  # plain torch.optim.AdamW (weight_decay 0, betas 0.9/0.999, eps 1e-8), as rollflow
         weight_decay=0.0,
         report_to="none",

@@ -14,6 +14,15 @@ it with more generation per step, which the executor counts (``rollout/rejected_
 Turn it on with ``rollout.dynamic_sampling: true`` (or name it yourself:
 ``rollout.should_accept_fn: rollflow.rollout.filters:reward_variance_filter``).
 
+The cap (``rollout.dynamic_sampling_max_extra`` = c, ``CappedVarianceFilter``): with a fraction p of the
+groups carrying signal, uncapped dynamic sampling generates 1/p groups per group kept (14x at p = 0.07);
+the cap keeps the dropped groups at most c per kept group,
+
+    dropped <= c * kept,
+
+so generation per kept group is at most 1 + c, and past the cap a group without signal is kept (it
+costs the trainer nothing: zero-advantage groups skip the passes, rollflow/training/microbatch.py).
+
 What it is not: a reward model or a curriculum; it never looks at the text, only at the rewards.
 """
 
@@ -39,21 +48,47 @@ def reward_variance_filter(group: TrajectoryGroup) -> bool:
     return max(rewards) - min(rewards) > _EQUAL_ATOL
 
 
-def build_should_accept(
-    dynamic_sampling: bool, should_accept_fn: str | Callable[[TrajectoryGroup], bool] | None
-) -> Callable[[TrajectoryGroup], bool] | None:
-    """The executor's acceptance test from ``rollout.dynamic_sampling`` and ``rollout.should_accept_fn``.
+class CappedVarianceFilter:
+    """The variance filter with a cap on the groups it drops: at most ``max_extra`` per group kept.
 
-    Both set: a group must pass the variance filter first, then the user's function (which then never
-    sees a group without signal). Neither: None (keep every group).
+    Counts live in the instance (one per rollout worker), so the cap holds per worker and restarts
+    with it. ``max_extra`` None = no cap (the plain filter).
+    """
+
+    def __init__(self, max_extra: float | None) -> None:
+        self.max_extra = max_extra
+        self.kept = 0
+        self.dropped = 0
+
+    def __call__(self, group: TrajectoryGroup) -> bool:
+        if reward_variance_filter(group):
+            self.kept += 1
+            return True
+        if self.max_extra is not None and self.dropped + 1 > self.max_extra * (self.kept + 1):
+            self.kept += 1  # over the cap: this group fills its batch slot without signal
+            return True
+        self.dropped += 1
+        return False
+
+
+def build_should_accept(
+    dynamic_sampling: bool,
+    should_accept_fn: str | Callable[[TrajectoryGroup], bool] | None,
+    max_extra: float | None = None,
+) -> Callable[[TrajectoryGroup], bool] | None:
+    """The executor's acceptance test from ``rollout.dynamic_sampling(_max_extra)`` and ``should_accept_fn``.
+
+    Both set: a group must pass the (capped) variance filter first, then the user's function. Neither:
+    None (keep every group).
     """
     user = import_string(should_accept_fn) if isinstance(should_accept_fn, str) else should_accept_fn
     if not dynamic_sampling:
         return user
+    variance = CappedVarianceFilter(max_extra)
     if user is None:
-        return reward_variance_filter
+        return variance
 
     def both(group: TrajectoryGroup) -> bool:
-        return reward_variance_filter(group) and bool(user(group))
+        return variance(group) and bool(user(group))
 
     return both

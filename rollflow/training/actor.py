@@ -142,7 +142,13 @@ class PolicyActor:
         return n_seqs
 
     def ppo_update(self, batch: TrainBatch, plans: list[MinibatchPlan]) -> dict[str, float]:
-        """One AdamW update per minibatch; returns step metrics reduced over ranks (see trainer docs)."""
+        """``train.ppo_epochs`` passes over the batch, one AdamW update per minibatch in each pass.
+
+        Returns the step's metrics reduced over ranks and averaged over every update (see trainer docs).
+        Later passes reuse the same behaviour and proximal logprobs: the ratio pi_theta / pi_prox then
+        moves away from 1 and the PPO clip bounds how far each reuse can push (off-policy reuse of the
+        batch, GRPO's mu iterations). The lr schedule advances once per step, not once per pass.
+        """
         assert batch.advantages is not None, "compute_advantages first"
         cfg, ctx, dev = self.cfg, self.ctx, self.ctx.device
         decoupled = cfg.use_decoupled_loss and batch.prox_logp is not None
@@ -151,7 +157,7 @@ class PolicyActor:
         w_max = torch.zeros((), dtype=torch.float64, device=dev)
         grad_norms: list[float] = []
         skipped = 0
-        for plan in plans:
+        for plan in [p for _ in range(cfg.ppo_epochs) for p in plans]:
             norm = self._normalizer(batch, plan.groups)
             self.optimizer.zero_grad(set_to_none=True)
             for i, groups in enumerate(plan.micro_batches):
@@ -221,7 +227,7 @@ class PolicyActor:
         if cfg.kl_ctl <= 0:
             metrics.pop("kl")
         metrics.update(
-            loss=total["loss"] / len(plans),
+            loss=total["loss"] / (len(plans) * cfg.ppo_epochs),
             grad_norm=sum(grad_norms) / len(grad_norms),
             lr=lr,
             behav_weight_max=float(red_max.item()),

@@ -8,7 +8,7 @@ from typing import Any
 from test_executor import EchoWorkflow, FakeClient
 
 from rollflow.rollout.executor import WorkflowExecutor
-from rollflow.rollout.filters import build_should_accept, reward_variance_filter
+from rollflow.rollout.filters import CappedVarianceFilter, build_should_accept, reward_variance_filter
 from rollflow.rollout.staleness import StalenessManager
 from storage.schema import TrajectoryGroup, TrajectoryRow
 
@@ -35,7 +35,8 @@ def test_reward_variance_filter_keeps_only_groups_with_signal() -> None:
 
 def test_build_should_accept_composes_filters_in_order() -> None:
     assert build_should_accept(False, None) is None
-    assert build_should_accept(True, None) is reward_variance_filter
+    plain = build_should_accept(True, None)
+    assert isinstance(plain, CappedVarianceFilter) and plain.max_extra is None
     assert build_should_accept(False, "builtins:bool") is bool
     seen: list[list[float]] = []
 
@@ -88,3 +89,16 @@ def test_executor_drops_groups_without_signal_and_counts_their_generation() -> N
         assert m["busy_s"] > 0.0 and ex.stats.busy_since is None  # idle again after the batch
 
     asyncio.run(main())
+
+
+def test_the_cap_bounds_the_groups_dropped_per_group_kept() -> None:
+    flat, signal = _group([0.0] * 4), _group([0.0, 1.0, 0.0, 0.0])
+    uncapped = CappedVarianceFilter(None)
+    assert not any(uncapped(flat) for _ in range(50))  # no cap: drops every group without signal
+    capped = CappedVarianceFilter(1.0)
+    kept = [capped(g) for g in [flat, flat, signal, flat, flat, flat, flat, flat]]
+    # dropped <= 1 x (kept + 1) after every call: a flat group is kept whenever dropping it would break it.
+    assert kept == [False, True, True, False, False, True, False, True]
+    assert capped.dropped <= 1.0 * capped.kept + 1
+    zero = CappedVarianceFilter(0.0)  # a cap of 0 keeps everything: plain sampling
+    assert all(zero(flat) for _ in range(5))

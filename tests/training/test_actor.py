@@ -57,3 +57,22 @@ def test_first_minibatch_is_on_policy_then_ratio_moves(tiny_model_dir: Path) -> 
     _, three = _run(tiny_model_dir, budget=10_000, n_mb=3)
     # Later minibatches see weights moved by SGD(lr=1): the ratio departs from 1.
     assert three["approx_kl"] > 0.0
+
+
+def test_ppo_epochs_reuse_the_batch(tiny_model_dir: Path) -> None:
+    """Two passes = two updates from one batch; the lr schedule still advances once per step."""
+    once, s1 = _run(tiny_model_dir, budget=10_000)
+    twice, s2 = _run(tiny_model_dir, budget=10_000, ppo_epochs=2)
+    # The second pass starts from the weights the first one moved: the ratio departs from 1 ...
+    assert s1["approx_kl"] == pytest.approx(0.0, abs=1e-9) and s2["approx_kl"] > 0.0
+    assert s2["loss_tokens"] == 2 * s1["loss_tokens"]
+    # ... so the parameters end elsewhere than after one pass, and not at the same update taken twice.
+    d1 = torch.cat([v.flatten() for v in once.values()])
+    d2 = torch.cat([v.flatten() for v in twice.values()])
+    assert not torch.allclose(d2, d1, atol=1e-4)
+    assert not torch.allclose(d2, 2 * d1, atol=1e-4)
+
+
+def test_ppo_epochs_must_be_positive() -> None:
+    with pytest.raises(Exception, match="train.ppo_epochs"):
+        TrainConfig(ppo_epochs=0)
