@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from rollflow.agents.openai_protocol import Message
-from rollflow.agents.tool_calls import normalized, template_messages
+from rollflow.agents.tool_calls import ToolFormat, normalized, template_messages
 from rollflow.api.errors import AgentRequestError
 
 _SENTINEL = "\u2063ROLLFLOW-AGENT-TURN\u2063"
@@ -56,13 +56,14 @@ class TemplateTokenizer(Protocol):
 class ChatPrompter:
     """Renders and tokenizes chat calls for one tokenizer (see the module docstring)."""
 
-    def __init__(self, tokenizer: TemplateTokenizer) -> None:
+    def __init__(self, tokenizer: TemplateTokenizer, *, tool_format: ToolFormat = "hermes") -> None:
         template = getattr(tokenizer, "chat_template", None)
         if not template:
             raise ValueError(
                 "the tokenizer has no chat_template; the agent endpoint needs one for /v1/chat/completions"
             )
         self.tokenizer = tokenizer
+        self.tool_format: ToolFormat = tool_format
         self.template_has_tools = "tools" in (template if isinstance(template, str) else str(template))
         self.special_ids = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", []))
         self.end_of_turn_id = self._find_end_of_turn()
@@ -75,7 +76,9 @@ class ChatPrompter:
         add_generation_prompt: bool = True,
     ) -> str:
         """The chat template's text for ``messages`` (OpenAI form) and ``tools``."""
-        convo = template_messages(messages, tools, template_has_tools=self.template_has_tools)
+        convo = template_messages(
+            messages, tools, template_has_tools=self.template_has_tools, fmt=self.tool_format
+        )
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
         if tools and self.template_has_tools:
             kwargs["tools"] = tools

@@ -42,6 +42,16 @@ class AgentCounts:
     reward_errors: int = 0
     reward_timeouts: int = 0
 
+    @property
+    def scored(self) -> int:
+        """Rewards scored by ``reward_fn`` (``RewardCounts``' name: ``rollflow.rollout.loop.check_reward_fn``)."""
+        return self.reward_scored
+
+    @property
+    def errors(self) -> int:
+        """Of those, the ones that raised or returned a bad value (``RewardCounts``' name)."""
+        return self.reward_errors
+
     def as_metrics(self) -> dict[str, float]:
         out = {
             "agent_episodes": self.episodes,

@@ -9,10 +9,14 @@ episode gets its own ``base_url`` and api key::
 
 Routes under ``{base_url}``: ``POST /chat/completions`` (with ``tools`` / ``tool_calls``),
 ``POST /completions``, ``GET /models``. The same routes under ``/v1`` find the episode by its key
-alone. A call is authenticated with ``Authorization: Bearer <api_key>``; an unknown key, or the key of
-another episode than the URL names, gets 401 and is counted; a key of an episode that has ended gets
-410. Each call is forwarded to the inference engine through the episode's ``InferenceClient`` (the
-same ``agenerate`` every workflow uses, so it runs on SGLang and on the CPU server alike, resumes across
+alone. A call is authenticated with ``Authorization: Bearer <api_key>``; no key, an unknown key, or
+the key of another episode than the URL names (open or ended) gets 401 ``invalid_api_key`` and is
+counted (``calls_refused_unknown_key``, ``calls_refused_foreign_key``); the key of an episode that has
+ended, on its own URL or on ``/v1``, gets 410 ``episode_closed`` (``calls_after_close``; the newest
+``max_closed_keys`` ended keys are remembered, older ones are unknown: 401).
+
+Each call is forwarded to the inference engine through the episode's ``InferenceClient`` (the same
+``agenerate`` every workflow uses, so it runs on SGLang and on the CPU server alike, resumes across
 weight updates and fails over) and recorded in the episode's ``EpisodeRecorder``: prompt ids as sent,
 completion ids, behaviour logprobs, per-token versions.
 
@@ -63,7 +67,7 @@ from rollflow.agents.openai_protocol import (
     sse,
 )
 from rollflow.agents.recorder import CallRecord, EpisodeLimits, EpisodeRecorder
-from rollflow.agents.tool_calls import ParsedReply, parse_tool_calls
+from rollflow.agents.tool_calls import ParsedReply, ToolFormat, parse_tool_calls
 from rollflow.api.errors import AgentRequestError, EpisodeLimitError, InferenceError, InvalidRequestError
 from rollflow.api.inference import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
 
@@ -111,15 +115,17 @@ class AgentEndpoint:
         model_name: str = "rollflow-policy",
         counts: AgentCounts | None = None,
         max_closed_keys: int = 65536,
+        tool_format: ToolFormat = "hermes",
     ) -> None:
         self.tokenizer = tokenizer
-        self.prompter = ChatPrompter(tokenizer)
+        self.prompter = ChatPrompter(tokenizer, tool_format=tool_format)
         self.sampling = sampling or SamplingParams()
         self.host, self.port = host, port
         self.model_name = model_name
         self.counts = counts or AgentCounts()
         self._by_key: dict[str, EpisodeHandle] = {}
-        self._closed_keys: collections.OrderedDict[str, str] = collections.OrderedDict()
+        # key -> (episode id, why it ended), the newest max_closed_keys: their calls get 410 (or 401 elsewhere)
+        self._closed_keys: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
         self._max_closed_keys = max_closed_keys
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -193,7 +199,7 @@ class AgentEndpoint:
         """Unregister the episode and cancel its calls still in flight (their rids are aborted)."""
         handle.closed = True
         self._by_key.pop(handle.api_key, None)
-        self._closed_keys[handle.api_key] = reason
+        self._closed_keys[handle.api_key] = (handle.episode_id, reason)
         while len(self._closed_keys) > self._max_closed_keys:
             self._closed_keys.popitem(last=False)
         for task in list(handle.in_flight):
@@ -202,39 +208,41 @@ class AgentEndpoint:
     # --- HTTP ------------------------------------------------------------------------------------------
 
     def _authenticate(self, request: web.Request) -> EpisodeHandle:
+        """The open episode of the call's key; 401 for a key that is not this URL's episode's, 410 for
+        the key of this episode once it has ended."""
         auth = request.headers.get("Authorization", "")
         key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         handle = self._by_key.get(key) if key else None
         wanted = request.match_info.get("episode")
-        if handle is None:
-            if key in self._closed_keys:
-                self.counts.calls_after_close += 1
-                raise _HTTPError(
-                    410,
-                    f"this episode is over ({self._closed_keys[key]})",
-                    type_="invalid_request_error",
-                    code="episode_closed",
-                )
-            self.counts.calls_refused_unknown_key += 1
-            logger.warning("agent endpoint: refused a call with an unknown api key (%s)", request.path)
-            raise _HTTPError(
-                401,
-                "unknown api key: use the api_key given with this base_url",
-                type_="authentication_error",
-                code="invalid_api_key",
-            )
-        if wanted is not None and wanted != handle.episode_id:
+        owner = handle.episode_id if handle is not None else self._closed_keys.get(key, (None, ""))[0]
+        if owner is not None and wanted is not None and wanted != owner:
             self.counts.calls_refused_foreign_key += 1
-            logger.warning(
-                "agent endpoint: refused episode %s's key on episode %s", handle.episode_id, wanted
-            )
+            logger.warning("agent endpoint: refused episode %s's key on episode %s", owner, wanted)
             raise _HTTPError(
                 401,
-                "this api key belongs to another episode",
+                "this api key belongs to another episode: use the api_key given with this base_url",
                 type_="authentication_error",
                 code="invalid_api_key",
             )
-        return handle
+        if handle is not None:
+            return handle
+        if owner is not None:
+            self.counts.calls_after_close += 1
+            raise _HTTPError(
+                410,
+                f"this episode is over ({self._closed_keys[key][1]}); its api key no longer works",
+                type_="invalid_request_error",
+                code="episode_closed",
+            )
+        self.counts.calls_refused_unknown_key += 1
+        logger.warning("agent endpoint: refused a call with an unknown api key (%s)", request.path)
+        what = "no api key (send Authorization: Bearer <api_key>)" if not key else "unknown api key"
+        raise _HTTPError(
+            401,
+            f"{what}: use the api_key rollflow gave the agent with this base_url",
+            type_="authentication_error",
+            code="invalid_api_key",
+        )
 
     async def _json(self, request: web.Request) -> Any:
         try:
@@ -304,7 +312,7 @@ class AgentEndpoint:
         call, res = await self._agenerate(handle, req, ids, "chat", extra_stops=stops)
         text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
         parsed = (
-            parse_tool_calls(text, turn=call.index)
+            parse_tool_calls(text, turn=call.index, fmt=self.prompter.tool_format)
             if req.tools and req.tool_choice == "auto"
             else ParsedReply(text)
         )

@@ -2,7 +2,7 @@
 
 What it is. ``synthetic_rows(cfg, split)`` returns the ``cfg.n_train`` train or ``cfg.n_eval``
 held-out rows of the family ``cfg.task`` (``rollflow.data.tasks``: ``add_habit``, ``add_gap``,
-``shift_gap``); ``task_module(name)`` gives the family's module, which the warm start
+``shift_gap``, ``tool_lookup``); ``task_module(name)`` gives the family's module, which the warm start
 (``rollflow.models.bootstrap``) trains from. Every family keeps a fixed held-out split that its warm
 start never sees; the draws are deterministic for ``(task, split, n, seed)``.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from rollflow.api.config import SyntheticTaskConfig
-from rollflow.data.tasks import Split, SyntheticTask, add_gap, add_habit, shift_gap
+from rollflow.data.tasks import Split, SyntheticTask, add_gap, add_habit, shift_gap, tool_lookup
 
 
 def task_module(name: str) -> SyntheticTask:
@@ -23,7 +23,9 @@ def task_module(name: str) -> SyntheticTask:
     Raises:
         ValueError: an unknown name; the message lists the families.
     """
-    modules: dict[str, Any] = {"add_habit": add_habit, "add_gap": add_gap, "shift_gap": shift_gap}
+    modules: dict[str, Any] = {
+        "add_habit": add_habit, "add_gap": add_gap, "shift_gap": shift_gap, "tool_lookup": tool_lookup,
+    }  # fmt: skip
     if name not in modules:
         raise ValueError(
             f"unknown synthetic task {name!r}; set dataset.synthetic.task to one of {sorted(modules)}"

@@ -145,10 +145,23 @@ class _WarmStartData:
         )
         self.rng = random.Random(stream)
         self.completion_len = self.task.MAX_ANSWER_CHARS + 1  # label + <|im_end|> (add_habit: 4)
+        # A multi-turn family (tool_lookup) renders whole conversations: (ids, loss mask) per example.
+        self.example = getattr(self.task, "warm_start_example", None)
+        self.tokenizer = tokenizer
 
     def batch(self, size: int, p_correct: float) -> tuple[torch.Tensor, torch.Tensor]:
         """``(input_ids [B, P + C], loss_mask [B, P + C])``; the mask covers the completion only."""
         rng = self.rng
+        if self.example is not None:
+            pairs = [
+                self.example(self.problems[rng.randrange(len(self.problems))], rng, p_correct, self.tokenizer)
+                for _ in range(size)
+            ]
+            width = max(len(ids) for ids, _ in pairs)
+            return (
+                torch.tensor([ids + [self.pad] * (width - len(ids)) for ids, _ in pairs], dtype=torch.long),
+                torch.tensor([m + [0] * (width - len(m)) for _, m in pairs], dtype=torch.long),
+            )  # [B, longest] x 2, right-padded
         width = self.prompt_len + self.completion_len
         rows, masks = [], []
         for _ in range(size):

@@ -32,7 +32,12 @@ Config::
     rollout:
       workflow: rollflow.workflows.agent:AgentWorkflow
       workflow_kwargs: {agent: my_pkg.my_agent:agent, max_turns: 8, max_episode_tokens: 2048,
-                        episode_timeout_s: 120, max_staleness: 2}
+                        episode_timeout_s: 120}
+
+``max_staleness`` comes from ``rollout.max_staleness`` (``rollflow.rollout.loop.build_workflow`` passes
+it to a workflow that names it); ``workflow_kwargs.max_staleness`` overrides it, ``null`` turns the
+per-episode bound off. Held-out evaluation of an agent run calls the agent too, greedy, one episode per
+prompt (``rollflow.agents.evaluate``).
 
 What it is not: the endpoint (``rollflow.agents.endpoint``) or the token bookkeeping
 (``rollflow.agents.recorder``); docs/agents.md is the user's guide.
@@ -53,6 +58,7 @@ from typing import Any
 from rollflow.agents.counts import AgentCounts
 from rollflow.agents.endpoint import AgentEndpoint, EpisodeHandle
 from rollflow.agents.recorder import EpisodeLimits, EpisodeRecorder, SegmentPolicy
+from rollflow.agents.tool_calls import TOOL_FORMATS, ToolFormat
 from rollflow.api.errors import RewardInfrastructureError
 from rollflow.api.inference import InferenceClient, SamplingParams
 from rollflow.api.workflow import RolloutWorkflow, import_string
@@ -84,6 +90,7 @@ class AgentWorkflow(RolloutWorkflow):
         episode_timeout_s: float = 300.0,
         max_staleness: int | None = None,
         segments: SegmentPolicy = "all",
+        tool_format: ToolFormat = "hermes",
         host: str = "127.0.0.1",
         port: int = 0,
         model_name: str = "rollflow-policy",
@@ -102,7 +109,10 @@ class AgentWorkflow(RolloutWorkflow):
             episode_timeout_s: wall time of one agent call; past it the episode is dropped.
             max_staleness: drop an episode whose oldest model token is older than
                 ``version - max_staleness`` (None: only the executor's group-level bound applies).
+                Built from a config, it is ``rollout.max_staleness`` unless ``workflow_kwargs`` sets it.
             segments: ``"all"`` (a row per segment) or ``"last"`` (the final segment only).
+            tool_format: how the model writes tool calls, ``"hermes"`` (``<tool_call>{json}</tool_call>``)
+                or ``"pythonic"`` (``[name(k=v)]``, compact: the tiny model's); ``rollflow.agents.tool_calls``.
             host, port: where the endpoint listens (port 0: a free one).
         """
         if group_size < 1:
@@ -111,6 +121,8 @@ class AgentWorkflow(RolloutWorkflow):
             raise ValueError(f"episode_timeout_s must be > 0, got {episode_timeout_s}")
         if segments not in ("all", "last"):
             raise ValueError(f"segments must be 'all' or 'last', got {segments!r}")
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}, got {tool_format!r}")
         self.agent: AgentFn = import_string(agent) if isinstance(agent, str) else agent
         if not callable(self.agent):
             raise TypeError(f"agent must be callable, got {self.agent!r}")
@@ -129,6 +141,7 @@ class AgentWorkflow(RolloutWorkflow):
             port=port,
             model_name=model_name,
             counts=self.counts,
+            tool_format=tool_format,
         )
         self._reward_spec = reward_fn
         self._owns_runner = reward_runner is None and reward_fn is not None
@@ -155,6 +168,12 @@ class AgentWorkflow(RolloutWorkflow):
 
     async def arun_agent(self, client: InferenceClient, data: dict[str, Any]) -> list[TrajectoryRow] | None:
         """One episode: the agent's rows, or None (dropped and counted)."""
+        return (await self.arun_recorded(client, data))[1]
+
+    async def arun_recorded(
+        self, client: InferenceClient, data: dict[str, Any]
+    ) -> tuple[EpisodeHandle, list[TrajectoryRow] | None]:
+        """``arun_agent`` with the episode's handle (its recorder holds the transcript): for evaluation."""
         await self.endpoint.astart()
         self.counts.episodes += 1
         handle = self.endpoint.open_episode(client, self.limits)
@@ -184,7 +203,7 @@ class AgentWorkflow(RolloutWorkflow):
             )
         else:
             self.counts.episodes_kept += 1
-        return rows
+        return handle, rows
 
     async def _acall_agent(self, handle: EpisodeHandle, data: dict[str, Any]) -> Any:
         if self._is_async:

@@ -18,7 +18,7 @@ from typing import Any
 import openai
 
 from rollflow.api.inference import GenerateRequest, GenerateResult
-from rollflow.rollout.client import SGLangClient
+from rollflow.inference.client import EngineClient
 from rollflow.workflows.agent import AgentWorkflow
 
 TAGS: dict[str, str] = {}  # episode id -> the tag its agent chose
@@ -48,7 +48,7 @@ def test_200_concurrent_episodes_stay_isolated(tool_server: Any, tool_model_dir:
     requests: list[tuple[GenerateRequest, GenerateResult]] = []
 
     async def go() -> tuple[list[Any], AgentWorkflow, int]:
-        client = SGLangClient(tool_server.addresses)
+        client = EngineClient(tool_server.addresses)
         real = client.agenerate
 
         async def spy(req: GenerateRequest) -> GenerateResult:

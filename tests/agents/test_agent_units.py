@@ -4,6 +4,7 @@ segments and limits of the recorder (hand-worked ids), and the request checks of
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from rollflow.agents.chat_prompt import ChatPrompter
 from rollflow.agents.openai_protocol import parse_chat_request, parse_completion_request
 from rollflow.agents.recorder import CallRecord, EpisodeLimits, EpisodeRecorder
-from rollflow.agents.tool_calls import parse_tool_calls, template_messages, tool_call_text
+from rollflow.agents.tool_calls import parse_tool_calls, template_messages, tool_call_text, tools_system_text
 from rollflow.api.errors import AgentRequestError, EpisodeLimitError
 from rollflow.models.tokenizer import IM_END, build_tokenizer
 
@@ -68,6 +69,66 @@ def test_tools_become_a_system_block_when_the_template_has_none() -> None:
     assert out[3] == {"role": "tool", "content": "3", "tool_call_id": "c"}
     structured = template_messages(msgs, [TOOL], template_has_tools=True)
     assert structured[2]["tool_calls"][0]["function"]["arguments"] == {"a": 1, "b": 2}  # HF's convention
+
+
+@pytest.mark.parametrize(
+    ("text", "calls", "errors"),
+    [
+        ("[lookup(key='ab')]", [("lookup", {"key": "ab"})], 0),
+        (" [add(a=1, b=-2), f()] ", [("add", {"a": 1, "b": -2}), ("f", {})], 0),
+        ("[lookup(key='ab')", [], 1),  # cut short
+        ("[lookup('ab')]", [], 1),  # positional: no parameter name to give it
+        ("[lookup(key=open('x'))]", [], 1),  # not a literal: never evaluated
+        ("[lookup(**kw)]", [], 1),
+        ("47", [], 0),  # an answer, not a call
+        ("[1, 2]", [], 0),  # a list, not calls
+    ],
+)
+def test_pythonic_tool_calls(text: str, calls: list[Any], errors: int) -> None:
+    r = parse_tool_calls(text, turn=2, fmt="pythonic")
+    got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in r.tool_calls]
+    assert got == calls and r.parse_errors == errors
+    assert r.content == (None if calls else text)
+    assert all(c["id"] == f"call_2_{i}" for i, c in enumerate(r.tool_calls))
+    if calls:  # rendered back as the model wrote it (one list), so a new segment reads the same
+        msgs = [{"role": "user", "content": "q"}, r.message()]
+        out = template_messages(msgs, [TOOL], template_has_tools=False, fmt="pythonic")
+        assert parse_tool_calls(out[2]["content"], turn=2, fmt="pythonic").tool_calls == r.tool_calls
+        assert out[0] == {"role": "system", "content": "tools: add()"}
+
+
+def test_pythonic_tools_line_names_parameters_and_description() -> None:
+    tool = {"type": "function", "function": {"name": "lookup", "description": "A key's code.",
+            "parameters": {"type": "object", "properties": {"key": {}, "n": {}}}}}  # fmt: skip
+    assert tools_system_text([tool, TOOL], "pythonic") == "tools: lookup(key, n) - A key's code.; add()"
+
+
+def test_an_unknown_tool_format_is_refused() -> None:
+    from rollflow.workflows.agent import AgentWorkflow
+
+    with pytest.raises(ValueError, match="tool_format must be one of hermes, pythonic, got 'json'"):
+        AgentWorkflow(lambda *a: 1.0, build_tokenizer(), tool_format="json")  # type: ignore[arg-type]
+
+
+def test_max_staleness_comes_from_the_run_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rollout.max_staleness`` is AgentWorkflow's per-episode bound unless ``workflow_kwargs`` sets one;
+    a workflow that does not name it is built as before."""
+    from rollflow.api.config import ExperimentConfig
+    from rollflow.rollout.loop import build_workflow
+    from rollflow.workflows.agent import AgentWorkflow
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))  # examples/
+    cfg = ExperimentConfig()
+    cfg.rollout.max_staleness = 3
+    cfg.rollout.workflow = "rollflow.workflows.agent:AgentWorkflow"
+    tok = build_tokenizer()
+    for extra, bound in (({}, 3), ({"max_staleness": 1}, 1), ({"max_staleness": None}, None)):
+        cfg.rollout.workflow_kwargs = {"agent": "examples.agents.lookup_agent:agent", **extra}
+        wf = build_workflow(cfg, tokenizer=tok)
+        assert isinstance(wf, AgentWorkflow) and wf.limits.max_staleness == bound
+        wf.close()
+    cfg.rollout.workflow, cfg.rollout.workflow_kwargs = "rollflow.workflows.rlvr:RLVRWorkflow", {}
+    assert not hasattr(build_workflow(cfg, tokenizer=tok), "limits")
 
 
 # --- prompt extension ----------------------------------------------------------------------------------------

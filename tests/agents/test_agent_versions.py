@@ -20,8 +20,8 @@ from typing import Any
 import openai
 import pytest
 
-from rollflow.rollout.client import SGLangClient
-from rollflow.rollout.routing import control_call
+from rollflow.inference.client import EngineClient
+from rollflow.inference.routing import control_call
 from rollflow.workflows.agent import AgentWorkflow
 from storage.schema import TrajectoryRow
 
@@ -47,7 +47,7 @@ def run_agent(
     """One episode; ``agent`` gets ``data["update"](model_dir, version)`` to load weights mid-episode."""
 
     async def go() -> tuple[Any, AgentWorkflow, list[tuple[Any, Any]]]:
-        client = SGLangClient(server.addresses)
+        client = EngineClient(server.addresses)
         seen: list[tuple[Any, Any]] = []
         real = client.agenerate
 
@@ -140,7 +140,7 @@ def test_the_staleness_bound_applies_per_episode(
         return 1.0
 
     async def at_v2() -> Any:
-        client = SGLangClient(server.addresses, initial_version=2)
+        client = EngineClient(server.addresses, initial_version=2)
         wf = AgentWorkflow(fresh, str(tool_model_dir), group_size=1, max_staleness=0)
         try:
             return await wf.arun_episode(client, {"prompt_id": "f"})

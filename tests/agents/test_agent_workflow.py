@@ -1,7 +1,7 @@
 """``AgentWorkflow`` and its endpoint against a real CPU server serving a tiny tool-calling model.
 
 Agents here are plain ``openai`` client code. Each test checks what the engine generated (a spy around
-the real ``SGLangClient`` keeps every request and result) against the trajectory rows the workflow built.
+the real ``EngineClient`` keeps every request and result) against the trajectory rows the workflow built.
 The shared ``tool_server`` is left serving version 0.
 """
 
@@ -22,8 +22,8 @@ import pytest
 from rollflow.agents.chat_prompt import ChatPrompter
 from rollflow.agents.endpoint import AgentEndpoint
 from rollflow.api.inference import GenerateRequest, GenerateResult
-from rollflow.rollout.client import SGLangClient
-from rollflow.rollout.routing import control_call
+from rollflow.inference.client import EngineClient
+from rollflow.inference.routing import control_call
 from rollflow.workflows.agent import AgentWorkflow
 from storage.schema import TrajectoryRow
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 class SpyClient:
     """The real client, keeping every (request, result) the engine answered."""
 
-    def __init__(self, inner: SGLangClient) -> None:
+    def __init__(self, inner: EngineClient) -> None:
         self.inner = inner
         self.calls: list[tuple[GenerateRequest, GenerateResult]] = []
 
@@ -53,7 +53,7 @@ def run(server: Any, workflow: AgentWorkflow, rows: list[dict[str, Any]]) -> tup
     """Every row's episode group, concurrently, on one event loop; the workflow is closed after."""
 
     async def go() -> tuple[list[Any], SpyClient]:
-        spy = SpyClient(SGLangClient(server.addresses))
+        spy = SpyClient(EngineClient(server.addresses))
         try:
             groups = await asyncio.gather(*(workflow.arun_episode(spy, row) for row in rows))
             return list(groups), spy
@@ -303,7 +303,7 @@ def test_an_agent_that_hangs_is_dropped_at_its_timeout(tool_server: Any, tool_mo
     addr = tool_server.addresses[0]
 
     async def go() -> tuple[Any, float, int]:
-        client = SGLangClient(tool_server.addresses)
+        client = EngineClient(tool_server.addresses)
         wf = workflow(tool_model_dir, hangs, episode_timeout_s=0.5)
         t0 = time.monotonic()
         try:
@@ -375,7 +375,7 @@ def test_a_call_past_the_token_budget_drops_the_episode(tool_server: Any, tool_m
 
 def test_foreign_and_unknown_keys_are_refused_and_counted(tool_server: Any, tool_model_dir: Path) -> None:
     async def go() -> None:
-        client = SGLangClient(tool_server.addresses)
+        client = EngineClient(tool_server.addresses)
         from rollflow.models.tokenizer import build_tokenizer
 
         endpoint = AgentEndpoint(build_tokenizer())
@@ -383,14 +383,18 @@ def test_foreign_and_unknown_keys_are_refused_and_counted(tool_server: Any, tool
         try:
             a, b = endpoint.open_episode(client), endpoint.open_episode(client)
             msgs = [{"role": "user", "content": "hi"}]
-            for base_url, key in (
-                (a.base_url, b.api_key),
-                (a.base_url, "sk-guess"),
-                (endpoint.url + "/v1", ""),
+            for base_url, key, says in (
+                (a.base_url, b.api_key, "belongs to another episode"),
+                (a.base_url, "sk-guess", "unknown api key"),
+                (endpoint.url + "/v1", "", "unknown api key"),
             ):
                 async with openai.AsyncOpenAI(base_url=base_url, api_key=key or "x", max_retries=0) as oa:
-                    with pytest.raises(openai.AuthenticationError):
+                    with pytest.raises(openai.AuthenticationError) as refused:
                         await oa.chat.completions.create(model="m", messages=msgs, max_tokens=4)
+                # OpenAI's envelope, as its client reads it: status 401, code invalid_api_key, a message
+                assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+                assert says in refused.value.message and "api_key" in refused.value.message
+                assert key not in refused.value.message or not key  # the key is never echoed back
             assert endpoint.counts.calls_refused_foreign_key == 1
             assert endpoint.counts.calls_refused_unknown_key == 2
             assert a.recorder.calls == [] and b.recorder.calls == []  # nothing recorded anywhere
@@ -401,6 +405,20 @@ def test_foreign_and_unknown_keys_are_refused_and_counted(tool_server: Any, tool
                 await oa.chat.completions.create(model="m", messages=msgs, max_tokens=4)
                 assert [m.id for m in (await oa.models.list()).data] == ["rollflow-policy"]
             assert len(b.recorder.calls) == 1 and a.recorder.calls == []
+            # An ended episode's key: 410 episode_closed on its own URL and on /v1 (documented), but
+            # 401 on another episode's URL (a foreign key, open or ended).
+            endpoint.close_episode(a)
+            for base_url, status, code in (
+                (a.base_url, 410, "episode_closed"),
+                (endpoint.url + "/v1", 410, "episode_closed"),
+                (b.base_url, 401, "invalid_api_key"),
+            ):
+                async with openai.AsyncOpenAI(base_url=base_url, api_key=a.api_key, max_retries=0) as oa:
+                    with pytest.raises(openai.APIStatusError) as gone:
+                        await oa.chat.completions.create(model="m", messages=msgs, max_tokens=4)
+                assert (gone.value.status_code, gone.value.code) == (status, code)
+            assert endpoint.counts.calls_after_close == 2 and endpoint.counts.calls_refused_foreign_key == 2
+            assert a.recorder.calls == [] and len(b.recorder.calls) == 1
         finally:
             await endpoint.aclose()
             await client.aclose()
@@ -505,7 +523,7 @@ def test_the_workflow_builds_from_config_and_runs_under_the_executor(
     ]
 
     async def go() -> tuple[list[Any], Any]:
-        client = SGLangClient(tool_server.addresses)
+        client = EngineClient(tool_server.addresses)
         try:
             async with WorkflowExecutor(wf, client, StalenessManager(3, 1, 3)) as ex:
                 return await ex.arollout_batch(rows), ex.stats
@@ -517,3 +535,43 @@ def test_the_workflow_builds_from_config_and_runs_under_the_executor(
     assert len(groups) == 3 and stats.accepted == 3 and stats.failed == 0
     assert all(len(g.rows) == 2 and g.head_version == 0 for g in groups)
     assert wf.reward_counts.as_metrics()["agent_episodes_kept"] == 6.0
+
+
+def test_held_out_evaluation_runs_the_agent(
+    tool_server: Any, tool_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent run is evaluated by running its agent, one greedy episode per row: accuracy is the share
+    of rewards >= 1, each row says how many model turns it took, and a dropped episode scores 0."""
+    from rollflow.agents.evaluate import aevaluate_agent, is_agent_workflow
+    from rollflow.api.config import ExperimentConfig
+    from rollflow.api.inference import SamplingParams
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    cfg = ExperimentConfig()
+    cfg.model.path = str(tool_model_dir)
+    cfg.rollout.max_staleness = 0
+    cfg.rollout.workflow = "rollflow.workflows.agent:AgentWorkflow"
+    cfg.rollout.workflow_kwargs = {"agent": "examples.agents.calculator_agent:agent", "max_turns": 8}
+    assert is_agent_workflow(cfg.rollout.workflow)
+    assert not is_agent_workflow("rollflow.workflows.rlvr:RLVRWorkflow")
+    rows = [
+        {"prompt_id": f"e{i}", "question": f"What is {10 + i}+{20 + i}?", "answer": str(30 + 2 * i)}
+        for i in range(3)
+    ] + [{"prompt_id": "bad", "answer": "1"}]  # no question: the agent raises KeyError, dropped
+
+    async def go() -> Any:
+        client = EngineClient(tool_server.addresses)
+        try:
+            return await aevaluate_agent(
+                cfg, client, rows, SamplingParams(max_new_tokens=48, temperature=0.0)
+            )
+        finally:
+            await client.aclose()
+
+    result = asyncio.run(go())
+    by_id = {r["prompt_id"]: r for r in result.rows}
+    assert result.n == 4 and set(by_id) == {"e0", "e1", "e2", "bad"}
+    assert result.accuracy == sum(r["reward"] >= 1.0 for r in result.rows) / 4
+    assert all(by_id[f"e{i}"]["turns"] >= 1 and by_id[f"e{i}"]["reward_error"] is None for i in range(3))
+    assert by_id["bad"]["reward"] == 0.0 and "agent_error" in by_id["bad"]["reward_error"]
+    assert result.reward_errors == 1 and set(result.versions) <= {0, -1}

@@ -8,6 +8,9 @@ What it is. One module per family, chosen by ``dataset.synthetic.task``:
   held-out problems all have one. RL must make the model generalise to the unseen operand range.
 * ``shift_gap`` (``shift_gap.py``) - shift every letter of a short word by ``k`` (``"abc+3=" -> "def"``);
   the warm start never saw ``k`` = 4 or 5, and held-out problems all use one of them.
+* ``tool_lookup`` (``tool_lookup.py``) - an agent's multi-turn tool use: the answer is a table value
+  only the ``lookup`` tool knows; the warm start has an answer-without-the-tool habit RL removes
+  (``configs/tiny_agent.yaml``). Its warm start renders whole conversations (``warm_start_example``).
 
 Each family module offers the same functions (the ``SyntheticTask`` protocol below): the fixed
 problem pool of a split, the problems the warm start may train on, the warm-start label, a
