@@ -53,3 +53,11 @@ def test_a_reward_function_raising_on_every_call_is_broken() -> None:
     with pytest.raises(RewardFunctionError, match="raised on all 64"):
         check_reward_fn(counts)
     check_reward_fn(RewardCounts(scored=64, errors=63))  # one call scored: not broken
+
+
+def test_outside_a_deployment_run_a_failure_that_cannot_heal_is_raised_as_it_is() -> None:
+    """Only a deployment's run becomes a NotResumable state (its trigger would resume it); a plain run raises."""
+    from flows.auto_resume import not_resumable_state
+
+    assert not_resumable_state(ConfigError("train.lr", "must be > 0")) is None
+    assert not_resumable_state(RuntimeError("a transient failure")) is None

@@ -1,8 +1,10 @@
-"""A real tiny run (``python -m flows.async_rl``) stopped twice at random moments and resumed each time,
-by SIGKILL and by SIGTERM: storage accounts for every prompt position handed out, every block open at a
+"""A real tiny run (``python -m flows.async_rl``) stopped twice by SIGTERM at random moments and resumed
+each time (graceful stops: in-flight episodes are kept as partial records and continued): storage accounts for every prompt position handed out, every block open at a
 stop is taken over by a later life, nothing is trained twice, and the trial ends with its final
 checkpoint committed and finalized (``bench.kill_audit``; 2-3 minutes each on 2 cores). How the audit
-fails on damaged storage is ``test_prompt_accounting.py``.
+fails on damaged storage is ``test_prompt_accounting.py``. SIGKILL + the same audit runs in
+``test_auto_resume.py`` (a deployment that resumes itself), and ``python -m bench.kill_audit`` runs either
+kind as many times as asked; CI runs the SIGTERM kind only, to keep its time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from bench.kill_audit import run_kill_audit
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("sigterm", [False, True], ids=["sigkill", "sigterm"])
+@pytest.mark.parametrize("sigterm", [True], ids=["sigterm"])
 def test_two_stops_leave_every_prompt_accounted_for(tmp_path: Path, sigterm: bool) -> None:
     lines: list[str] = []
     figures, audit, lives = run_kill_audit(
