@@ -101,7 +101,7 @@ $(VLLM_STAMP):
 
 vllm-venv: $(VLLM_STAMP)
 
-# Side by side with TRL (issue 9): 3 seeds x 600 training seconds per system on the hard task, then the
+# Side by side with TRL (issues 9, 17): 5 seeds x 600 training seconds per system (about 2 hours on 2 cores), then the
 # synchronous baseline; prints key value lines, writes bench/results/peer_<config>.{json,png}.
 PEER_CONFIG ?= configs/tiny_hard.yaml
 bench-peer: install trl-venv
