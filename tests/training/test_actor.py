@@ -16,12 +16,14 @@ from rollflow.training.distributed import DistContext
 from rollflow.training.microbatch import plan_step
 
 
-def _run(model_dir: Path, *, budget: int, agg: str = "token-mean", n_mb: int = 1, **kw) -> tuple[dict, dict]:
+def _run(
+    model_dir: Path, *, budget: int, agg: str = "token-mean", n_mb: int = 1, ppo_epochs: int = 1, **kw
+) -> tuple[dict, dict]:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     cfg = TrainConfig(
         batch_size=3, max_tokens_per_mb=budget, loss_agg=agg, ppo_n_minibatches=n_mb, grad_clip=0.0,
-        loss_agg_max_tokens=16, **kw,
+        loss_agg_max_tokens=16, ppo_epochs=ppo_epochs, **kw,
     )  # type: ignore[arg-type]  # fmt: skip
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # the update IS the (negative) gradient
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
