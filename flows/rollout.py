@@ -13,6 +13,7 @@ from typing import Any
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.end_state import state_real_end_states
 from rollflow.api.config import ExperimentConfig
 from tasks.bootstrap import bootstrap_model
 from tasks.distributed import child_tracker, rollout_name, writer_name_for
@@ -44,6 +45,7 @@ def rollout(
         mlflow_parent_run_id: log metrics into a run nested under this MLflow run.
     """
     configure_process_env()
+    state_real_end_states()  # a cancelled run's last line says Cancelled (flows/end_state.py)
     with core_logs_to_this_run():
         cfg = resolve_config(config, overrides or [], data=config_data(settings))
         configure_process_env(cfg)

@@ -15,6 +15,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.end_state import state_real_end_states
 from flows.gpu_plan import torchrun_command
 from rollflow.api.config import ExperimentConfig
 from tasks.bootstrap import bootstrap_model
@@ -58,6 +59,7 @@ def train(
         mlflow_parent_run_id: log the trainer's metrics into this MLflow run (the distributed parent's).
     """
     configure_process_env()
+    state_real_end_states()  # a cancelled run's last line says Cancelled (flows/end_state.py)
     with core_logs_to_this_run():
         overrides = list(overrides or [])
         cfg = resolve_config(config, overrides, data=config_data(settings))
