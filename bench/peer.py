@@ -30,7 +30,9 @@ Printed keys, medians over seeds with ``_spread`` (min..max) beside them: ``trl_
 ``rollflow_completions_per_s``, ``completions_per_s_ratio``, ``trl_acc_at_{S}s``, ``rollflow_acc_at_{S}s``
 (S = ``--seconds``, 600 by default), ``time_to_trl_final_ratio`` (median seconds rollflow needs to reach
 TRL's median final accuracy, / S), ``rollflow_time_to_0.8`` (median, or ``none``),
-``{trl,rollflow}_completions_to_0.8`` (learning per generated token, ``completions_to``),
+``{trl,rollflow}_completions_to_0.8`` (learning per generated token, ``completions_to``; with
+``train.ppo_epochs`` > 1 the per-step keys compare unlike steps: TRL counts each of its ``num_iterations``
+updates on a batch as a step, rollflow the batch, so compare per token),
 ``{trl,rollflow}_acc_at_step_{N}`` and ``per_step_acc_ratio_at_{N}`` for N in ``--snapshot-steps``
 (500, 1000, 1500 by default; rollflow's median accuracy at optimizer step N / TRL's, ``none`` when a
 run of either system did not reach step N; the spread is of the per-seed ratios),

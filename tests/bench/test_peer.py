@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from rollflow.configuration.loader import load_config
+
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
@@ -55,6 +57,7 @@ def test_peer_harness_runs_both_systems_and_writes_curves(tmp_path: Path) -> Non
     doc = json.loads((tmp_path / "peer_tiny_cpu.json").read_text())
     assert (tmp_path / "peer_tiny_cpu.png").stat().st_size > 1000
     systems = {r["system"]: r for r in doc["runs"]}
+    epochs = load_config("configs/tiny_cpu.yaml").train.ppo_epochs
     assert set(systems) == {"trl", "rollflow", "rollflow-sync"}
     for name, run in systems.items():
         assert run["steps"] >= 1, name
@@ -63,5 +66,8 @@ def test_peer_harness_runs_both_systems_and_writes_curves(tmp_path: Path) -> Non
         assert len(curve) >= 2 and all(0.0 <= acc <= 1.0 for _, acc in curve), name
         assert [t for t, _ in curve] == sorted(t for t, _ in curve)
         assert curve[-1][0] >= 4.0  # the run went on to its budget (4 s sync, 6 s otherwise)
-        assert run["completions"] >= run["steps"] * 16 * 8, name  # 16 prompts x 8 samples a step
+        # 16 prompts x 8 samples a batch; TRL counts each of its num_iterations (= train.ppo_epochs)
+        # updates on a batch as a step, rollflow the whole batch
+        batches = run["steps"] // epochs if name == "trl" else run["steps"]
+        assert run["completions"] >= batches * 16 * 8, name
     assert float(lines["trl_completions_per_s"]) > 0 and float(lines["rollflow_completions_per_s"]) > 0
