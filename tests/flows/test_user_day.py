@@ -156,7 +156,7 @@ def test_the_documented_day(
         trial1 = run1.data.tags["rollflow.trial"]
         assert first["name"] == f"async-rl-{trial1}" and trial1.startswith("demo-")
         assert run1.data.tags["rollflow.registry.reason"] == "first-version"
-        assert run1.data.tags["prefect.flow_run_url"].endswith(f"/flow-runs/flow-run/{first['id']}")
+        assert run1.data.tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{first['id']}")
         assert run1.data.tags["mlflow.source.git.commit"] and run1.data.tags["rollflow.data_window"]
         acc1 = run1.data.metrics["eval/accuracy"]
         # the second run trains 2 steps at a negligible learning rate: it cannot beat the first
