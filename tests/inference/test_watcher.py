@@ -24,6 +24,7 @@ from typing import Any
 
 import blake3
 import pytest
+from server_waits import until_generating
 
 from rollflow.api.config import InferenceConfig
 from rollflow.api.inference import GenerateRequest, SamplingParams
@@ -124,10 +125,7 @@ def _update_mid_generation(
                 PROMPT, SamplingParams(max_new_tokens=n_new, temperature=0.0, ignore_eos=True)
             )
             task = asyncio.create_task(client.agenerate(req))
-            deadline = time.monotonic() + 10
-            while control_call(addr, "/get_server_info")["internal_states"][0]["running_output_tokens"] < 60:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.01)
+            await until_generating(addr, 60)
             await asyncio.to_thread(store.publish, tiny_model_dir_b, new_version)
             result = await task
             assert client.get_version() == new_version

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from server_waits import until_generating
 
 from infra.cpu_server.adapters import load_checked_adapter
 from infra.cpu_server.weights import WeightLoadError
@@ -140,10 +140,7 @@ def test_adapter_published_mid_generation_is_hot_loaded_with_per_token_versions(
                 PROMPT, SamplingParams(max_new_tokens=n_new, temperature=0.0, ignore_eos=True)
             )
             task = asyncio.create_task(client.agenerate(req))
-            deadline = time.monotonic() + 10
-            while control_call(addr, "/get_server_info")["internal_states"][0]["running_output_tokens"] < 40:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.01)
+            await until_generating(addr, 40)
             ref = await asyncio.to_thread(store.publish, a1, 1)
             assert ref.is_adapter and store.get(0).is_adapter
             return await task
