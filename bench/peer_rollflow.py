@@ -42,6 +42,7 @@ from safetensors.torch import save_file
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.metrics import InMemorySink
 from rollflow.configuration.loader import load_config
+from rollflow.configuration.trial_storage import open_trial_storage
 
 logger = logging.getLogger("bench.peer_rollflow")
 
@@ -167,12 +168,11 @@ def rollout_only(spec: dict[str, Any]) -> None:
     from rollflow.inference.client import EngineClient
     from rollflow.inference.watcher import CheckpointWatcher
     from storage.checkpoints import CheckpointStore
-    from storage.fs import Storage
 
     cfg = _config(spec)
     out = Path(spec["out_dir"])
     addresses = json.loads((out / "servers.json").read_text())
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     sink = InMemorySink()
@@ -202,13 +202,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from rollflow.timing.report import TimingReporter, bounds
     from rollflow.training.trainer import Trainer
     from storage.checkpoints import CheckpointStore
-    from storage.fs import Storage
 
     cfg = _config(spec)
     out = Path(spec["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     seconds, every = float(spec["seconds"]), float(spec["snapshot_every_s"])
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     sink = InMemorySink()
     stop = threading.Event()
     clock = Clock()

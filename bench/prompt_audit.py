@@ -38,6 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollflow.configuration.trial_storage import open_trial_storage
+
 CONSUMED_DIR = "trainer/consumed"
 
 
@@ -247,10 +249,9 @@ def audit_config(config: str, overrides: Sequence[str]) -> Audit:
     """``audit_trial`` of the trial a config (plus overrides) names."""
     from rollflow.configuration.loader import load_config
     from rollflow.data import load_prompts
-    from storage.fs import Storage
 
     cfg = load_config(config, overrides)
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     rows = load_prompts(cfg.dataset, cfg.dataset.train_split, storage_options=cfg.storage.options or None)
     block = min(cfg.rollout.claim_block_size, cfg.train.batch_size)
     return audit_trial(storage, rows, seed=cfg.seed, block_size=block, max_epochs=cfg.rollout.max_epochs)

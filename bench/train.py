@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import median, report
+from rollflow.configuration.trial_storage import open_trial_storage
 
 WARMUP = 2
 GROUPS, GROUP_SIZE, PROMPT, COMPLETION = 8, 8, 33, 31
@@ -152,10 +153,9 @@ def phase_trainer(
     from rollflow.api.metrics import InMemorySink
     from rollflow.training.trainer import Trainer
     from storage import keys
-    from storage.fs import Storage
 
     cfg = _cfg(workdir, trial, steps, threads, lora_rank)
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial)
+    storage = open_trial_storage(cfg)
     sink = InMemorySink()
     Trainer(cfg, storage, metrics=sink, hooks=hooks).run()
     commit = storage.get_json(keys.checkpoint_commit_key(steps))
@@ -206,12 +206,11 @@ class PlainLoop:
         from transformers import AutoModelForCausalLM
 
         from rollflow.training.batching import build_batch
-        from storage.fs import Storage
         from storage.shards import ShardReader
 
         torch.set_num_threads(threads)
         cfg = _cfg(workdir, trial, steps, threads)
-        reader = ShardReader(Storage.open(cfg.storage.root, cfg.experiment, cfg.trial))
+        reader = ShardReader(open_trial_storage(cfg))
         self.batches = [build_batch(reader.take(GROUPS).groups) for _ in range(steps)]  # untimed data prep
         self.model = AutoModelForCausalLM.from_pretrained(workdir / "model", dtype=torch.float32)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)

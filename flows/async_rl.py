@@ -36,6 +36,7 @@ from flows.end_state import state_real_end_states
 from flows.run_name import async_rl_run_name, planned_trial
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.parameter_secrets import refuse_secret_overrides_for_other_processes
+from rollflow.configuration.trial_storage import open_trial_storage
 from tasks.bootstrap import bootstrap_model
 from tasks.distributed import writer_name_for
 from tasks.evaluate import eval_loop, evaluate_policy
@@ -179,7 +180,6 @@ def run_async_rl(
     auto_resume_of: str | None = None,
 ) -> dict[str, Any]:
     """The body of the ``async-rl`` flow; the arguments are the flow's (``async_rl``)."""
-    from storage.fs import Storage
 
     configure_process_env()
     state_real_end_states()  # a cancelled run's last line says Cancelled, not Running() (flows/end_state.py)
@@ -198,7 +198,7 @@ def run_async_rl(
             cfg.trial,
             named=named,
             resume=resume,
-            open_storage=lambda t: Storage.open(cfg.storage.root, cfg.experiment, t, cfg.storage.options),
+            open_storage=lambda t: open_trial_storage(cfg, t),
         )
         cfg = dataclasses.replace(cfg, trial=plan.trial)
         configure_process_env(cfg)
@@ -221,7 +221,7 @@ def run_async_rl(
 
             tracker = MlflowTracker(cfg)
             tracker.start(tags=run_lineage(cfg, source_version))
-        storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+        storage = open_trial_storage(cfg)
         status = "FAILED"
         try:
             if cfg.orchestration.mode == "distributed":

@@ -30,6 +30,7 @@ from prefect.states import Failed, State
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.auto_resume import AutoResumeBudget, not_resumable_reason, trial_of_flow_run
+from rollflow.configuration.trial_storage import open_trial_storage
 from tasks.runtime import name_flow_run
 
 NOT_RESUMABLE = "NotResumable"  # the Failed state's name: the trigger, which expects "Failed", ignores it
@@ -46,9 +47,7 @@ def charge_auto_resume(cfg: ExperimentConfig, crashed_run: str, logger: Any) -> 
     """Count this run against the trial's auto-resume budget; ``NotResumableError`` when it is spent."""
     from prefect.runtime import flow_run
 
-    from storage.fs import Storage
-
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     o = cfg.orchestration
     budget = AutoResumeBudget(storage, max_resumes=o.max_auto_resumes, window_s=o.auto_resume_window_s)
     n = budget.charge(of=crashed_run, by=str(flow_run.id or ""))

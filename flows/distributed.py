@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rollflow.api.config import ExperimentConfig
+from rollflow.configuration.trial_storage import open_trial_storage
 from tasks.bootstrap import bootstrap_model
 from tasks.distributed import TRAIN, trigger_children, wait_children
 from tasks.evaluate import eval_loop, evaluate_policy
@@ -39,10 +40,9 @@ def run_distributed(cfg: ExperimentConfig, parameters: dict[str, Any], tracker: 
     """
     from rollflow.inference.watcher import CheckpointWatcher
     from storage.checkpoints import CheckpointStore
-    from storage.fs import Storage
 
     sink = tracker.sink if tracker else None
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     store = CheckpointStore(storage)
     model_path = bootstrap_model(cfg)  # before the children start: they find it built
     servers = start_servers(cfg, model_path)

@@ -16,6 +16,7 @@ from typing import Any
 from prefect import flow
 
 from rollflow.api.config import ExperimentConfig
+from rollflow.configuration.trial_storage import open_trial_storage
 from tasks.evaluate import evaluate_policy
 from tasks.runtime import (
     config_data,
@@ -38,15 +39,12 @@ def evaluate(
     """Score checkpoint ``version`` (-1 = latest committed) on ``split`` (default: dataset.eval_split)."""
     from storage.checkpoints import CheckpointStore
     from storage.errors import CheckpointNotFoundError
-    from storage.fs import Storage
 
     configure_process_env()
     with core_logs_to_this_run():
         cfg = resolve_config(config, overrides or [], data=config_data(settings))
         configure_process_env(cfg)
-        store = CheckpointStore(
-            Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
-        )
+        store = CheckpointStore(open_trial_storage(cfg))
         if version < 0:
             latest = store.resolve_latest()
             if latest is None:

@@ -23,6 +23,8 @@ import logging
 import shlex
 from collections.abc import Iterator
 
+from rollflow.configuration.trial_storage import open_trial_storage
+
 INTERRUPTED_STATUS = 130
 
 
@@ -49,10 +51,9 @@ def _kept(trial: str, config: str | None, overrides: list[str]) -> str:
     from rollflow.configuration.loader import load_config
     from rollflow.training.resume import list_resume_steps
     from storage.checkpoints import CheckpointStore
-    from storage.fs import Storage
 
     cfg = load_config(config, [*overrides, f"trial={trial}"])
-    storage = Storage.open(cfg.storage.root, cfg.experiment, trial, cfg.storage.options)
+    storage = open_trial_storage(cfg, trial)
     steps = list_resume_steps(storage)
     latest = CheckpointStore(storage).latest_version()
     point = f"resume point at version {steps[-1]}" if steps else "no resume point yet: training restarts at 0"

@@ -21,6 +21,7 @@ from typing import Any
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.loader import load_config
+from rollflow.configuration.trial_storage import open_trial_storage
 
 MAX_LISTED = 10
 
@@ -30,9 +31,8 @@ class CommandError(Exception):
 
 
 def _open(cfg: ExperimentConfig, trial: str) -> Any:
-    from storage.fs import Storage
 
-    return Storage.open(cfg.storage.root, cfg.experiment, trial, cfg.storage.options)
+    return open_trial_storage(cfg, trial)
 
 
 def known_trials(cfg: ExperimentConfig) -> list[str]:

@@ -44,6 +44,7 @@ from typing import Any
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import RollflowError
 from rollflow.configuration.loader import load_config, to_dict
+from rollflow.configuration.trial_storage import open_trial_storage
 from rollflow.rewards.inprocess import is_in_process, register_reward
 from rollflow.rewards.protocol import reward_fn_name
 
@@ -249,10 +250,9 @@ class RLRun:
         if self.trial is None:
             raise SessionError("this RLRun has no trial yet: call train() first, or pass trial=")
         from rollflow.rollout.inspect import sample_trajectories
-        from storage.fs import Storage
 
         cfg = self._cfg()
-        storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+        storage = open_trial_storage(cfg)
         rows = sample_trajectories(storage, cfg.model.path, limit=limit)
         try:
             import pandas as pd

@@ -18,6 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.end_state import state_real_end_states
 from flows.gpu_plan import torchrun_command
 from rollflow.api.config import ExperimentConfig
+from rollflow.configuration.trial_storage import open_trial_storage
 from tasks.bootstrap import bootstrap_model
 from tasks.distributed import child_tracker
 from tasks.runtime import (
@@ -34,14 +35,11 @@ from tasks.train import train_loop
 def train_torchrun(cfg: ExperimentConfig, config: str | None, overrides: list[str]) -> dict[str, Any]:
     """Run ``python -m rollflow.training.run`` under torchrun; rank 0 publishes checkpoints."""
     from storage.checkpoints import CheckpointStore
-    from storage.fs import Storage
 
     cmd = torchrun_command(cfg, config, overrides)
     get_run_logger().info("launching: %s", " ".join(cmd))
     subprocess.run(cmd, check=True)
-    done = CheckpointStore(
-        Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
-    ).is_done()
+    done = CheckpointStore(open_trial_storage(cfg)).is_done()
     return dict(done or {})
 
 

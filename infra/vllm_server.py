@@ -1,7 +1,7 @@
 """``python -m infra.vllm_server ARGS``: vLLM's OpenAI API server, with a quiet stop.
 
 What it is: runs ``vllm.entrypoints.openai.api_server`` (its own ``__main__``, same arguments) after one
-change to its logging: once the server logs its own ``[shutdown]`` lines, the ``EngineDeadError``
+change to its logging (kept across vLLM's own logging reconfigurations): once the server logs its own ``[shutdown]`` lines, the ``EngineDeadError``
 traceback that vLLM 0.32's ``AsyncLLM.output_handler`` logs is dropped. vLLM stops its engine core before
 it cancels that task, so the task sees the engine die and logs the death as a failure in about 4 of 10
 stops (issue 25); before a shutdown began the same record is a real fault and is kept.
@@ -33,12 +33,29 @@ class QuietStop(logging.Filter):
 
 
 def install() -> QuietStop:
-    """Attach one ``QuietStop`` to every handler of vLLM's logger (configured when ``vllm.logger`` loads)."""
-    import vllm.logger  # noqa: F401  (configures the "vllm" logger and its handlers)
+    """Attach one ``QuietStop`` to every handler of vLLM's logger, now and after every reconfiguration.
+
+    vLLM configures its logging when ``vllm.logger`` loads and again when the engine starts
+    (``configure_logging`` from ``AsyncLLM``, a ``dictConfig`` that replaces the handlers), so the filter
+    is re-attached after each ``_configure_vllm_root_logger`` call.
+    """
+    import vllm.logger  # (configures the "vllm" logger and its handlers)
 
     quiet = QuietStop()
-    for handler in logging.getLogger("vllm").handlers + logging.getLogger().handlers:
-        handler.addFilter(quiet)
+
+    def attach() -> None:
+        for handler in logging.getLogger("vllm").handlers + logging.getLogger().handlers:
+            if quiet not in handler.filters:
+                handler.addFilter(quiet)
+
+    configure = vllm.logger._configure_vllm_root_logger
+
+    def configure_then_attach(*args: object, **kwargs: object) -> None:
+        configure(*args, **kwargs)
+        attach()
+
+    vllm.logger._configure_vllm_root_logger = configure_then_attach
+    attach()
     return quiet
 
 

@@ -180,7 +180,7 @@ async def arun_eval(cfg: ExperimentConfig, addresses: list[str]) -> EvalResult:
     from rollflow.data import load_prompts
     from rollflow.inference.client import EngineClient
     from rollflow.rewards.inprocess import reward_runner_for
-    from rollflow.rollout.loop import sampling_params
+    from rollflow.workflows.factory import sampling_params
 
     prompts = load_prompts(cfg.dataset, cfg.eval.split or cfg.dataset.eval_split)
     if cfg.eval.n_prompts:

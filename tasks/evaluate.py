@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import InferenceError
 from rollflow.api.metrics import MetricsSink
+from rollflow.configuration.trial_storage import open_trial_storage
 from rollflow.evaluation import EvalResult, arun_eval, served_version, wait_for_served_version
 from tasks.runtime import interrupted, run_sync
 from tasks.tracking import PrefixSink, table_artifact
@@ -33,7 +34,6 @@ def record_eval(cfg: ExperimentConfig, result: EvalResult, label: str) -> None:
     import time
 
     from storage import keys
-    from storage.fs import Storage
 
     doc = {
         "version": result.version,
@@ -44,7 +44,7 @@ def record_eval(cfg: ExperimentConfig, result: EvalResult, label: str) -> None:
         "at": time.time(),
     }
     try:
-        storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+        storage = open_trial_storage(cfg)
         storage.put_json(keys.eval_key(result.version), doc)
     except Exception as exc:  # noqa: BLE001 (a record for listings: never the reason an evaluation fails)
         get_run_logger().warning("could not record the evaluation of v%d: %s", result.version, exc)
@@ -137,9 +137,8 @@ def eval_loop(
         done.append({"version": result.version, "accuracy": result.accuracy})
         next_version = (served // every + 1) * every
     from storage.checkpoints import CheckpointStore
-    from storage.fs import Storage
 
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     if CheckpointStore(storage).is_done() is None:  # stopped before training finished
         return interrupted(done, "evaluation loop stopped before the trainer finished")
     return done

@@ -35,6 +35,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from rollflow.api.config import ExperimentConfig
+from rollflow.configuration.trial_storage import open_trial_storage
 from tasks.lineage import run_lineage_tags
 from tasks.tracking import markdown_artifact, table_artifact
 
@@ -44,9 +45,8 @@ DECISION_TAG = "rollflow.registry.decision"
 def record_finalized(cfg: ExperimentConfig, summary: dict[str, Any]) -> None:
     """Write ``FINALIZED.json`` (after the MLflow run ended): the trial is whole."""
     from storage.finalization import mark_finalized
-    from storage.fs import Storage
 
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     fields = (
         "final_version",
         "eval_accuracy_after",
@@ -64,12 +64,11 @@ def finish_tracking(
     from rollflow.rollout.inspect import sample_trajectories
     from rollflow.tracking.registry import decide_registration, incumbent_tags
     from storage.checkpoints import CheckpointStore
-    from storage.fs import Storage
 
     tracker.log_dict({k: v for k, v in summary.items()}, "summary.json")
     tracker.log_table(parts["after"]["rows"][:100], "eval/after.json")
     tracker.log_table(parts["before"]["rows"][:100], "eval/before.json")
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     samples = sample_trajectories(storage, cfg.model.path, limit=cfg.tracking.n_sample_trajectories)
     tracker.log_table(samples, "trajectories/samples.json")
     table_artifact(samples[:20], key="sample-trajectories", description="Decoded sample trajectories")
@@ -131,12 +130,11 @@ def _score_final(cfg: ExperimentConfig, final: int, sink: Any) -> dict[str, Any]
     score it on the held-out prompts; the servers are stopped afterwards."""
     from rollflow.inference.watcher import CheckpointWatcher
     from storage.checkpoints import CheckpointStore
-    from storage.fs import Storage
     from tasks.bootstrap import bootstrap_model
     from tasks.evaluate import evaluate_policy
     from tasks.servers import start_servers, stop_servers
 
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     servers = start_servers(cfg, bootstrap_model(cfg))
     try:
         watcher = CheckpointWatcher.from_config(
@@ -161,11 +159,10 @@ def _score_final(cfg: ExperimentConfig, final: int, sink: Any) -> dict[str, Any]
 
 def finalize_trained(cfg: ExperimentConfig, done: dict[str, Any], logger: Any) -> dict[str, Any]:
     """Run the finalization steps a trained trial is missing (module docstring); returns its summary."""
-    from storage.fs import Storage
 
     t0 = time.monotonic()
     final = int(done.get("version", 0))
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     summary: dict[str, Any] = {
         "experiment": cfg.experiment,
         "trial": cfg.trial,

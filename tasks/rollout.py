@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import ServerLostError
 from rollflow.api.metrics import MetricsSink
+from rollflow.configuration.trial_storage import open_trial_storage
 from tasks.runtime import interrupted, run_sync
 from tasks.tracking import PrefixSink
 
@@ -72,11 +73,10 @@ def rollout_loop(
     from rollflow.rollout.loop import rollout_worker_id, run_rollout_loop
     from rollflow.timing.clock import Timeline
     from storage.checkpoints import CheckpointStore
-    from storage.fs import Storage
 
     logger = get_run_logger()
     stop_event = stop_event or threading.Event()
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     sink = PrefixSink(metrics, "rollout/")
     client = EngineClient.from_config(cfg.inference, addresses, metrics=sink)
     fatal: list[str] = []

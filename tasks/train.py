@@ -17,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.metrics import MetricsSink
+from rollflow.configuration.trial_storage import open_trial_storage
 from tasks.progress import RunProgress
 from tasks.runtime import interrupted
 from tasks.tracking import PrefixSink
@@ -49,11 +50,10 @@ def train_loop(
 ) -> dict[str, Any]:
     from rollflow.timing.clock import Timeline
     from rollflow.training.trainer import Trainer
-    from storage.fs import Storage
 
     logger = get_run_logger()
     stop_event = stop_event or threading.Event()
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     hooks = None
     if cfg.rollout.pause_during_training and pause_addresses:
         from rollflow.inference.engines import engine_for

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from rollflow.inference.routing import control_call
 
@@ -19,3 +20,20 @@ async def until_generating(addr: str, tokens: int, timeout_s: float = 10.0) -> N
     while control_call(addr, "/get_server_info")["internal_states"][0]["running_output_tokens"] < tokens:
         assert time.monotonic() < deadline, f"{addr} did not reach {tokens} running output tokens"
         await asyncio.sleep(0.01)
+
+
+async def until_vllm_streams(addr: str, model: str, api_key: str, timeout_s: float = 60.0) -> Any:
+    """Return once a streamed ``/v1/completions`` on the vLLM server at ``addr`` has sent a token chunk: the
+    engine is then decoding, and requests sent before this one are in its batch. Returns the open
+    ``httpx.AsyncClient`` of the stream; the caller closes it (``aclose``) after its next step, e.g. a kill."""
+    import httpx
+
+    body = {"model": model, "prompt": "a", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    client = httpx.AsyncClient(timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"})
+    req = client.build_request("POST", f"http://{addr}/v1/completions", json=body)
+    response = await client.send(req, stream=True)
+    assert response.status_code == 200, await response.aread()
+    lines = response.aiter_lines()
+    while not (await asyncio.wait_for(anext(lines), timeout_s)).startswith("data: {"):
+        pass
+    return client

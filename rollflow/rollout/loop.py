@@ -34,7 +34,6 @@ usually ``client.get_version``); the Prefect task (``tasks/rollout.py``) is a th
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import re
@@ -47,9 +46,9 @@ from typing import Any, Literal
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import DatasetRowError, RewardFunctionError
-from rollflow.api.inference import InferenceClient, SamplingParams
+from rollflow.api.inference import InferenceClient
 from rollflow.api.metrics import MetricsSink, NullSink
-from rollflow.api.workflow import RolloutWorkflow, import_string, resolve_workflow
+from rollflow.api.workflow import RolloutWorkflow
 from rollflow.rollout.executor import WorkflowExecutor
 from rollflow.rollout.filters import build_should_accept
 from rollflow.rollout.partials import PartialKeepingClient, from_records, judge_saved, to_records
@@ -58,6 +57,7 @@ from rollflow.rollout.prompt_source import ClaimedPrompts
 from rollflow.rollout.staleness import StalenessListener, StalenessManager
 from rollflow.rollout.supply import bounded_supply_warning
 from rollflow.timing.clock import Timeline
+from rollflow.workflows.factory import build_workflow
 from storage import keys
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
@@ -152,46 +152,6 @@ def rollout_worker_id(run_id: str | None = None) -> str:
         return keys.check_name(env, "ROLLFLOW_WORKER_ID")
     host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:64] or "host"
     return f"rollout-{host}-{os.getpid()}"
-
-
-# --- building from config -----------------------------------------------------------------------------
-
-
-def sampling_params(cfg: ExperimentConfig) -> SamplingParams:
-    g = cfg.rollout.generation
-    return SamplingParams(
-        max_new_tokens=g.max_new_tokens,
-        temperature=g.temperature,
-        top_p=g.top_p,
-        top_k=g.top_k,
-        min_p=g.min_p,
-        stop_token_ids=list(g.stop_token_ids),
-    )
-
-
-def build_workflow(cfg: ExperimentConfig, *, tokenizer: Any = None) -> RolloutWorkflow:
-    """``rollout.workflow`` built with the standard kwargs it accepts, plus ``rollout.workflow_kwargs``.
-
-    Standard kwargs: reward_fn, tokenizer (default: ``model.path``), sampling, group_size,
-    reward_workers, reward_timeout_s. A class without ``**kwargs`` only gets those it names; one that
-    names ``max_staleness`` (``AgentWorkflow``: a per-episode bound) gets ``rollout.max_staleness``.
-    """
-    cls = import_string(cfg.rollout.workflow)
-    standard: dict[str, Any] = {
-        "reward_fn": cfg.dataset.reward_fn,
-        "tokenizer": tokenizer if tokenizer is not None else cfg.model.path,
-        "sampling": sampling_params(cfg),
-        "group_size": cfg.rollout.group_size,
-        "reward_workers": cfg.rollout.reward_workers,
-        "reward_timeout_s": cfg.rollout.reward_timeout_s,
-    }
-    if isinstance(cls, type):
-        params = {} if cls.__init__ is object.__init__ else inspect.signature(cls.__init__).parameters
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            standard = {k: v for k, v in standard.items() if k in params}
-        if "max_staleness" in params:
-            standard["max_staleness"] = cfg.rollout.max_staleness
-    return resolve_workflow(cls, **{**standard, **cfg.rollout.workflow_kwargs})
 
 
 # --- the loop -----------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rollflow.api.errors import ConfigError, TrainerError
+from rollflow.configuration.trial_storage import open_trial_storage
 
 
 class JsonlSink:
@@ -73,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from rollflow.training.trainer import Trainer
-    from storage.fs import Storage
 
     stop = threading.Event()
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
 
-    storage = Storage.open(cfg.storage.root, cfg.experiment, cfg.trial, cfg.storage.options)
+    storage = open_trial_storage(cfg)
     sink = JsonlSink(args.metrics_jsonl) if args.metrics_jsonl and rank == 0 else None
     try:
         summary = Trainer(cfg, storage, metrics=sink, stop_event=stop).run()

@@ -34,7 +34,7 @@ Config::
       workflow_kwargs: {agent: my_pkg.my_agent:agent, max_turns: 8, max_episode_tokens: 2048,
                         episode_timeout_s: 120}
 
-``max_staleness`` comes from ``rollout.max_staleness`` (``rollflow.rollout.loop.build_workflow`` passes
+``max_staleness`` comes from ``rollout.max_staleness`` (``rollflow.workflows.factory.build_workflow`` passes
 it to a workflow that names it); ``workflow_kwargs.max_staleness`` overrides it, ``null`` turns the
 per-episode bound off. Held-out evaluation of an agent run calls the agent too, greedy, one episode per
 prompt (``rollflow.agents.evaluate``).

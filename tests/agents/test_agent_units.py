@@ -114,8 +114,8 @@ def test_max_staleness_comes_from_the_run_config(monkeypatch: pytest.MonkeyPatch
     """``rollout.max_staleness`` is AgentWorkflow's per-episode bound unless ``workflow_kwargs`` sets one;
     a workflow that does not name it is built as before."""
     from rollflow.api.config import ExperimentConfig
-    from rollflow.rollout.loop import build_workflow
     from rollflow.workflows.agent import AgentWorkflow
+    from rollflow.workflows.factory import build_workflow
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))  # examples/
     cfg = ExperimentConfig()

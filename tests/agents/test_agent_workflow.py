@@ -506,8 +506,8 @@ def test_the_workflow_builds_from_config_and_runs_under_the_executor(
     string, run by the real ``WorkflowExecutor``: groups are validated, accepted and counted."""
     from rollflow.api.config import ExperimentConfig
     from rollflow.rollout.executor import WorkflowExecutor
-    from rollflow.rollout.loop import build_workflow
     from rollflow.rollout.staleness import StalenessManager
+    from rollflow.workflows.factory import build_workflow
 
     monkeypatch.syspath_prepend(str(ROOT))  # the agent's module must import in the rollout process
     cfg = ExperimentConfig()

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import torch
+from server_waits import until_vllm_streams
 
 from rollflow.api.errors import WeightUpdateError
 from rollflow.api.inference import GenerateRequest, GenerateResult, SamplingParams
@@ -225,16 +226,18 @@ def test_kill_9_mid_run_restarts_and_loses_nothing(
     link = FleetLink(client, watcher)
     supervisor.add_listener(link)
     watcher.start()
-    n_new = 400
+    n_new = 1000  # within max_model_len 1024: the kill lands long before the end
 
     async def go() -> list[GenerateResult]:
         try:
             sp = SamplingParams(max_new_tokens=n_new, temperature=1.0, ignore_eos=True)
             tasks = [asyncio.create_task(client.agenerate(GenerateRequest(p, sp))) for p in PROMPTS[:4]]
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.2)  # the four are sent first
+            stream = await until_vllm_streams(vllm_server.addresses[0], str(vllm_models.a), vllm_lib.KEY)
             os.kill(
                 vllm_server.servers[0].process.pid, signal.SIGKILL
             )  # the API server, as the OOM killer would
+            await stream.aclose()
             return list(await asyncio.gather(*tasks))
         finally:
             await client.aclose()

@@ -21,8 +21,9 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import DatasetRowError, RolloutFailureError
 from rollflow.api.inference import GenerateRequest, GenerateResult, SamplingParams
 from rollflow.api.workflow import RolloutWorkflow
-from rollflow.rollout.loop import build_workflow, check_row, run_rollout_loop
+from rollflow.rollout.loop import check_row, run_rollout_loop
 from rollflow.rollout.prompt_source import ClaimedPrompts
+from rollflow.workflows.factory import build_workflow
 from rollflow.workflows.rlvr import RLVRWorkflow
 from storage import keys
 from storage.checkpoints import CheckpointStore
