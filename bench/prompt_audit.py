@@ -136,7 +136,7 @@ def audit_trial(
     """
     from rollflow.rollout.prompt_source import epoch_order
     from storage import credits, keys
-    from storage.prompt_claims import CLAIM_DIR, TAKEOVER_DIR
+    from storage.keys import CLAIM_DIR, TAKEOVER_DIR
 
     audit = Audit()
     n = len(rows)

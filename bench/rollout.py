@@ -43,7 +43,8 @@ from rollflow.rewards import AsyncRewardRunner
 from rollflow.rewards.synthetic import synthetic_reward_fn
 from rollflow.rollout.executor import WorkflowExecutor
 from rollflow.rollout.staleness import StalenessManager
-from rollflow.workflows.rlvr import RLVRWorkflow, render_chat
+from rollflow.workflows.blocks import render_chat
+from rollflow.workflows.rlvr import RLVRWorkflow
 from storage.fs import Storage
 from storage.shard_writer import ShardWriter
 

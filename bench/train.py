@@ -98,7 +98,7 @@ def build_model(path: Path) -> None:
 
 def write_shards(storage: Any, n_groups: int, seed: int = 0) -> None:
     from storage.schema import TrajectoryGroup, TrajectoryRow
-    from storage.shards import ShardWriter
+    from storage.shard_writer import ShardWriter
 
     rng = random.Random(seed)
     w = ShardWriter(storage, "bench", flush_rows=GROUPS * GROUP_SIZE, flush_seconds=3600.0)
@@ -206,7 +206,7 @@ class PlainLoop:
         from transformers import AutoModelForCausalLM
 
         from rollflow.training.batching import build_batch
-        from storage.shards import ShardReader
+        from storage.shard_reader import ShardReader
 
         torch.set_num_threads(threads)
         cfg = _cfg(workdir, trial, steps, threads)

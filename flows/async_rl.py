@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, get_run_logger
 from prefect.states import State
@@ -37,6 +37,7 @@ from flows.run_name import async_rl_run_name, planned_trial
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.parameter_secrets import refuse_secret_overrides_for_other_processes
 from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trials import choose_trial, named_in_overrides
 from tasks.bootstrap import bootstrap_model
 from tasks.distributed import writer_name_for
 from tasks.evaluate import eval_loop, evaluate_policy
@@ -55,12 +56,15 @@ from tasks.runtime import (
 )
 from tasks.servers import start_servers, stop_servers
 from tasks.train import train_loop
-from tasks.trials import choose_trial, named_in_overrides
+
+if TYPE_CHECKING:
+    from rollflow.tracking.mlflow_tracker import MlflowTracker
+    from tasks.runtime import RunLogger
 
 DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
 
 
-def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str, Any]:
+def _run_embedded(cfg: ExperimentConfig, tracker: MlflowTracker | None, logger: RunLogger) -> dict[str, Any]:
     """Servers, then the three loops side by side; on any exit the loops stop and the servers go.
 
     A loop that was interrupted (cancel, SIGTERM, a failure elsewhere) ends its task run Cancelled;
@@ -74,7 +78,6 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
     servers = start_servers(cfg, model_path)
     logger.info("layout: %s", describe_layout(cfg))
     stop = threading.Event()
-    futures: list[Any] = []
     timeline = Timeline()  # where the time goes: every role's states, cores and servers (rollflow.timing)
     reporter = TimingReporter(
         timeline,
@@ -117,8 +120,6 @@ def _run_embedded(cfg: ExperimentConfig, tracker: Any, logger: Any) -> dict[str,
     finally:
         stop.set()
         progress.close()
-        for f in futures:  # let the loops record their final state before the process goes
-            f.wait(timeout=cfg.orchestration.stop_timeout_s)
         reporter.stop()
         stop_servers(servers)
     return {"before": before, "after": after, "train": train, "rollout": rollout, "timing": timing}
@@ -215,7 +216,7 @@ def run_async_rl(
             cfg, source_version = _from_registry(cfg, logger)
         t0 = time.monotonic()
 
-        tracker = None
+        tracker: MlflowTracker | None = None
         if cfg.tracking.enabled:
             from rollflow.tracking.mlflow_tracker import MlflowTracker
 
@@ -263,7 +264,7 @@ def run_async_rl(
         return summary
 
 
-def _report_finished(cfg: ExperimentConfig, done: dict[str, Any], logger: Any) -> dict[str, Any]:
+def _report_finished(cfg: ExperimentConfig, done: dict[str, Any], logger: RunLogger) -> dict[str, Any]:
     """A resume of a finished trial: report what is recorded; train, log and register nothing."""
     run = None
     if cfg.tracking.enabled:
@@ -282,7 +283,7 @@ def _report_finished(cfg: ExperimentConfig, done: dict[str, Any], logger: Any) -
     }
 
 
-def _from_registry(cfg: ExperimentConfig, logger: Any) -> tuple[ExperimentConfig, str]:
+def _from_registry(cfg: ExperimentConfig, logger: RunLogger) -> tuple[ExperimentConfig, str]:
     """Nightly retrain: start from the registered policy (alias ``latest-rl``), on a fresh synthetic draw."""
     from rollflow.tracking.mlflow_tracker import MlflowTracker, download_latest_registered
 

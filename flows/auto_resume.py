@@ -23,7 +23,7 @@ What it is not: the budget or the classification (``rollflow.auto_resume``); a r
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prefect import get_run_logger
 from prefect.states import Failed, State
@@ -35,6 +35,9 @@ from tasks.runtime import name_flow_run
 
 NOT_RESUMABLE = "NotResumable"  # the Failed state's name: the trigger, which expects "Failed", ignores it
 
+if TYPE_CHECKING:
+    from tasks.runtime import RunLogger
+
 
 def begin_auto_resume(crashed_run: str) -> str:
     """The trial of ``crashed_run`` (``async-rl-<trial>``); names this flow run after it at once."""
@@ -43,7 +46,7 @@ def begin_auto_resume(crashed_run: str) -> str:
     return trial
 
 
-def charge_auto_resume(cfg: ExperimentConfig, crashed_run: str, logger: Any) -> None:
+def charge_auto_resume(cfg: ExperimentConfig, crashed_run: str, logger: RunLogger) -> None:
     """Count this run against the trial's auto-resume budget; ``NotResumableError`` when it is spent."""
     from prefect.runtime import flow_run
 

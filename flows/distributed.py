@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.trial_storage import open_trial_storage
@@ -32,8 +32,13 @@ from tasks.distributed import TRAIN, trigger_children, wait_children
 from tasks.evaluate import eval_loop, evaluate_policy
 from tasks.servers import start_servers, stop_servers
 
+if TYPE_CHECKING:
+    from rollflow.tracking.mlflow_tracker import MlflowTracker
 
-def run_distributed(cfg: ExperimentConfig, parameters: dict[str, Any], tracker: Any) -> dict[str, Any]:
+
+def run_distributed(
+    cfg: ExperimentConfig, parameters: dict[str, Any], tracker: MlflowTracker | None
+) -> dict[str, Any]:
     """Steps 1-4 above; returns ``{"before", "after", "train", "rollout"}`` like embedded mode.
 
     ``parameters``: what every child flow gets (``config`` and ``overrides``).

@@ -31,7 +31,7 @@ INTERRUPTED_STATUS = 130
 def trial_for_command(config: str | None, overrides: list[str], trial: str | None) -> str:
     """The trial this command runs: ``trial``, else a ``trial=`` override, else a fresh name."""
     from rollflow.configuration.loader import load_config
-    from tasks.trials import expand_trial_name, fresh_trial_name, named_in_overrides
+    from rollflow.trials import expand_trial_name, fresh_trial_name, named_in_overrides
 
     if trial is not None:
         return expand_trial_name(trial)

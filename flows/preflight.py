@@ -2,7 +2,7 @@
 
 What it is:
 - ``check_trial`` (``run``, ``resume``): the config resolves and the named trial is what the command
-  needs, by the flow's own rule (``tasks.trials.choose_trial``): ``resume`` needs a trial that holds
+  needs, by the flow's own rule (``rollflow.trials.choose_trial``): ``resume`` needs a trial that holds
   data, ``run --trial`` (or ``trial=``) one that holds none;
 - ``check_checkpoint`` (``eval``): the trial holds the committed checkpoint asked for;
 - ``known_trials``: the trials stored under the config's experiment, for the error message.
@@ -17,11 +17,10 @@ relies on) nor a writer: nothing here changes storage.
 
 from __future__ import annotations
 
-from typing import Any
-
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.loader import load_config
 from rollflow.configuration.trial_storage import open_trial_storage
+from storage.fs import Storage
 
 MAX_LISTED = 10
 
@@ -30,7 +29,7 @@ class CommandError(Exception):
     """A ``rollflow`` command line that cannot work as given; the message says what to type instead."""
 
 
-def _open(cfg: ExperimentConfig, trial: str) -> Any:
+def _open(cfg: ExperimentConfig, trial: str) -> Storage:
 
     return open_trial_storage(cfg, trial)
 
@@ -65,7 +64,7 @@ def check_trial(config: str | None, overrides: list[str], *, trial: str | None, 
 
     ``ConfigError`` (an unknown key, a missing config file) propagates with its own message.
     """
-    from tasks.trials import NothingToResumeError, TrialExistsError, choose_trial, named_in_overrides
+    from rollflow.trials import NothingToResumeError, TrialExistsError, choose_trial, named_in_overrides
 
     cfg = load_config(config, overrides)
     named = trial if trial is not None else (cfg.trial if named_in_overrides(overrides) else None)

@@ -5,7 +5,7 @@ starts, before "Beginning flow run ..." (a direct call, ``rollflow run``, a depl
 worker alike), so the run is never known by a random name such as ``overjoyed-chicken`` that is renamed
 later. It works out the trial from the run's parameters as the flow does:
 
-- ``trial`` given: that name, ``{date}`` expanded (``tasks.trials.expand_trial_name``);
+- ``trial`` given: that name, ``{date}`` expanded (``rollflow.trials.expand_trial_name``);
 - ``auto_resume_of`` given: the trial of the run it resumes (``rollflow.auto_resume``);
 - a ``trial=`` override: the config's trial, expanded;
 - none (a new trial; not a resume): a fresh name ``{config trial}-{YYYYmmdd-HHMMSS}-{4 hex}``, which the
@@ -13,7 +13,7 @@ later. It works out the trial from the run's parameters as the flow does:
 
 A run whose parameters name no trial it can work out (a config that does not load, ``resume`` without a
 trial) is called ``async-rl``; the flow then fails with the error that says what is wrong.
-What it is not: the choice of the trial's state (new, unfinished, trained, finished: ``tasks.trials``).
+What it is not: the choice of the trial's state (new, unfinished, trained, finished: ``rollflow.trials``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ _planned: dict[str, str] = {}  # flow run id -> the fresh trial its name announc
 def _trial_of(params: dict[str, Any]) -> tuple[str, bool]:
     """(trial, fresh) for a run's parameters; raises when they name none."""
     from rollflow.configuration.loader import load_config
+    from rollflow.trials import expand_trial_name, fresh_trial_name, named_in_overrides
     from tasks.runtime import config_data
-    from tasks.trials import expand_trial_name, fresh_trial_name, named_in_overrides
 
     if params.get("auto_resume_of"):
         from rollflow.auto_resume import trial_of_flow_run

@@ -39,7 +39,7 @@ import json
 import random
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import RollflowError
@@ -47,6 +47,15 @@ from rollflow.configuration.loader import load_config, to_dict
 from rollflow.configuration.trial_storage import open_trial_storage
 from rollflow.rewards.inprocess import is_in_process, register_reward
 from rollflow.rewards.protocol import reward_fn_name
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from prefect.client.schemas.objects import FlowRun
+
+# What RLRun takes as data: rows (a list of dicts, a ``datasets.Dataset``), a ``DatasetDict`` of such
+# splits, or a file path.
+Rows: TypeAlias = Iterable[Mapping[str, Any]]
+DatasetInput: TypeAlias = Rows | Mapping[str, Rows] | str | Path
 
 DATASETS_DIR = Path("runs/datasets")
 MAX_HELD_OUT = 200
@@ -72,7 +81,7 @@ def _dotted_to_tree(flat: Mapping[str, Any]) -> dict[str, Any]:
     return tree
 
 
-def _rows(data: Any, what: str) -> list[dict[str, Any]]:
+def _rows(data: DatasetInput, what: str) -> list[dict[str, Any]]:
     """A list of plain dicts from a list of dicts or a ``datasets.Dataset``."""
     if hasattr(data, "to_list") and hasattr(data, "column_names"):  # datasets.Dataset
         rows = data.to_list()
@@ -127,7 +136,9 @@ def _write_jsonl(splits: dict[str, list[dict[str, Any]]], root: Path) -> dict[st
     return paths
 
 
-def dataset_tree(dataset: Any, eval_dataset: Any, *, seed: int, root: Path = DATASETS_DIR) -> dict[str, Any]:
+def dataset_tree(
+    dataset: DatasetInput, eval_dataset: DatasetInput | None, *, seed: int, root: Path = DATASETS_DIR
+) -> dict[str, Any]:
     """The ``dataset`` config section for ``dataset`` (module docstring)."""
     if isinstance(dataset, (str, Path)):
         tree: dict[str, Any] = {"kind": "files", "path": str(dataset)}
@@ -189,11 +200,11 @@ class RLRun:
     def __init__(
         self,
         model: str | Path | None = None,
-        dataset: Any = None,
+        dataset: DatasetInput | None = None,
         reward_fn: Callable[..., float] | str | None = None,
         config: str | Path | ExperimentConfig | Mapping[str, Any] | None = None,
         *,
-        eval_dataset: Any = None,
+        eval_dataset: DatasetInput | None = None,
         trial: str | None = None,
     ) -> None:
         if isinstance(config, ExperimentConfig):
@@ -245,7 +256,7 @@ class RLRun:
         with local_prefect_api():
             return evaluate(config=None, settings=self._cfg(), version=version, split=split)
 
-    def trajectories(self, limit: int = 20) -> Any:
+    def trajectories(self, limit: int = 20) -> list[dict[str, Any]] | pd.DataFrame:
         """The newest ``limit`` trajectories from the shards (a pandas DataFrame when pandas is there)."""
         if self.trial is None:
             raise SessionError("this RLRun has no trial yet: call train() first, or pass trial=")
@@ -260,7 +271,7 @@ class RLRun:
             return rows
         return pd.DataFrame(rows)
 
-    def submit(self, deployment: str = "async-rl/local", *, wait: bool = False) -> Any:
+    def submit(self, deployment: str = "async-rl/local", *, wait: bool = False) -> FlowRun:
         """Start a run of ``deployment`` with these settings; returns the flow run (finished if ``wait``)."""
         if self.in_process_reward:
             raise SessionError(

@@ -4,6 +4,8 @@ What it is: a tiny synchronous facade over an ``Engine``'s control methods (``ro
 orchestration code that is not on an event loop (trainer hooks of the synchronous baseline, readiness
 checks). The engine defaults to SGLang's protocol (the CPU server and SGLang); pass
 ``engine_for(cfg.inference)`` for vLLM.
+``PauseServersHooks`` are the trainer hooks of the synchronous baseline
+(``rollout.pause_during_training``): generation pauses while each optimizer step runs.
 What it is not: the generation client (``rollflow.inference.client``), which retries and resumes.
 """
 
@@ -41,3 +43,16 @@ class ServerControl:
             a: str(self._engine.served_version(a, api_key=self._api_key, timeout_s=self._timeout_s))
             for a in self.addresses
         }
+
+
+class PauseServersHooks:
+    """TrainerHooks that pause generation during each optimizer step (the synchronous baseline)."""
+
+    def __init__(self, addresses: list[str], api_key: str | None, engine: Engine | None = None) -> None:
+        self._control = ServerControl(addresses, api_key=api_key, engine=engine)
+
+    def before_step(self, version: int) -> None:
+        self._control.pause()
+
+    def after_step(self, version: int) -> None:
+        self._control.resume()

@@ -17,6 +17,8 @@ dir) holding its logs (unless ``log_dir`` is given) and the servers' ``TMPDIR`` 
 ``ServerGroup.supervise`` starts an ``infra.supervisor.Supervisor`` over the group: a dead server is
 restarted on its address, or given up and reported after ``max_restarts``.
 
+``ExternalServers`` stands for servers someone else runs; both are a ``ServerHandle``.
+
 What it is not: the supervision policy (``infra.supervisor``), an engine's command line
 (``rollflow.inference``) or a client.
 
@@ -43,7 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from rollflow.api.config import INFERENCE_WEIGHTS_ROOTS_ENV as WEIGHTS_ROOTS_ENV
 from rollflow.api.config import InferenceConfig
@@ -56,6 +58,30 @@ from rollflow.inference.sglang import LocalEngine
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class ServerHandle(Protocol):
+    """What the flows hold of their inference servers: a ``ServerGroup`` or ``ExternalServers``."""
+
+    @property
+    def addresses(self) -> list[str]: ...
+
+    def pids(self) -> dict[str, int]: ...
+
+    def stop(self) -> None: ...
+
+
+class ExternalServers:
+    """Servers this flow does not own (``inference.backend: external``): nothing to stop or meter."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        self.addresses = list(addresses)
+
+    def stop(self) -> None:
+        return None
+
+    def pids(self) -> dict[str, int]:
+        return {}  # not our processes: nothing to meter
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rollflow.api.inference import GenerateRequest, InferenceClient, SamplingParams
+from rollflow.api.rewards import RewardScorer
 from rollflow.inference.contract import Engine
 from rollflow.inference.sglang import SGLangEngine
-from rollflow.workflows.rlvr import RewardScorer, render_chat
+from rollflow.workflows.blocks import render_chat
 
 if TYPE_CHECKING:
     from rollflow.api.config import ExperimentConfig

@@ -3,7 +3,8 @@
 - `storage.fs.Storage`: a trial root on a local dir or S3, with atomic and exclusive puts;
 - `storage.keys`: the key layout (DESIGN.md, "Storage");
 - `storage.schema`: the trajectory Arrow schema, `TrajectoryRow` / `TrajectoryGroup`, validation;
-- `storage.shards`: `ShardWriter`, `ShardReader`, `CommitRecord`, `ReaderCursor` (commit protocol);
+- `storage.commits`, `storage.shard_writer`, `storage.shard_reader`: `CommitRecord`, `ShardWriter`,
+  `ShardReader`, `ReaderCursor` (the commit protocol);
 - `storage.checkpoints`: `CheckpointStore` (publish / resolve / fetch / ack / gc);
 - `storage.validate`: value checks at the boundary (finite rewards/logprobs, token ids, record parsing);
 - `storage.scrub`: credential scrubbing of log lines and exception messages;

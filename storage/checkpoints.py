@@ -1,4 +1,4 @@
-"""`CheckpointStore`: publish, resolve, verify (in place or into a cache), acknowledge and GC HF checkpoints.
+"""`CheckpointStore`: publish and resolve HF checkpoints; verify, acknowledge and GC through its parts.
 
 Protocol for version N (keys in `storage.keys`):
 
@@ -20,14 +20,10 @@ every load the size and digest of every file are checked against COMMIT.json: `v
 local root's files in place (nothing is copied) and downloads an S3 checkpoint into a cache (hashing
 while downloading); `fetch` always makes a verified private copy.
 
-GC rule: keep the newest `keep_last` committed versions, and never delete a version >= the floor, the
-minimum over servers of each server's latest ack (acks older than `ack_ttl_s` count as dead servers, if
-a ttl is set). An ack is bound to the process that wrote it (its `owner`: host, pid and pid namespace):
-an ack whose owner ran here and is no longer running is dead at once, whatever its age (a watcher killed
-with its flow, whose servers died with it, holds nothing back after the trial is resumed); an ack from
-another host lives until its TTL. A watcher acks N as "loading" BEFORE it verifies or loads N, so the
-floor covers what is being loaded, and GC re-checks a victim's acks just before deleting it. Deletion
-removes COMMIT.json first, so a version is never committed-but-partial.
+Verification (``storage.checkpoint_fetch``), the COMMIT.json format (``storage.checkpoint_commit``) and
+acks + GC (``storage.checkpoint_acks``, which states the GC rule) are modules of their own;
+``CheckpointStore`` keeps one public surface over them (``verified_dir``, ``fetch``, ``ack``,
+``retract_ack``, ``acks``, ``gc``) and the trainer's done marker (``mark_done``, ``is_done``).
 
 A version may hold a LoRA adapter instead of a full model (`train.lora`): `adapter_model.safetensors` +
 `adapter_config.json` (peft's format), with `meta.kind = "adapter"` and `meta.base_model` in COMMIT.json.
@@ -39,181 +35,56 @@ What this is NOT: a model loader (transformers does that) or a weight-update dri
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import logging
 import os
-import re
 import shutil
-import socket
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from storage import keys
+from storage.checkpoint_acks import CheckpointAcks, ack_owner
+from storage.checkpoint_commit import (
+    ADAPTER_CONFIG_NAME,
+    ADAPTER_WEIGHTS_NAME,
+    COMMIT_FORMAT,
+    COMMIT_RE,
+    VERIFIED_MARKER,
+    CheckpointRef,
+    commit_algo,
+    local_files,
+    parse_commit,
+    parse_latest,
+)
+from storage.checkpoint_fetch import CheckpointFetcher
 from storage.errors import (
     CheckpointIntegrityError,
     CheckpointNotFoundError,
     CommitConflictError,
     StorageError,
 )
-from storage.fs import TMP_MARKER, Storage
+from storage.fs import Storage
 from storage.transfer import HASH_ALGOS, FileDigest, default_hash_algo, hash_file
 
-logger = logging.getLogger(__name__)
+__all__ = [
+    "ADAPTER_CONFIG_NAME",
+    "ADAPTER_WEIGHTS_NAME",
+    "VERIFIED_MARKER",
+    "CheckpointRef",
+    "CheckpointStore",
+    "ack_owner",
+    "parse_latest",
+]
 
-ADAPTER_CONFIG_NAME = "adapter_config.json"  # a version holding this file is a LoRA adapter (peft's format)
-ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # the adapter's tensors
-COMMIT_FORMAT = 2  # 1: sha256 only, no "hash" field; 2: "hash" names the algorithm
-VERIFIED_MARKER = ".rollflow-verified.json"
-_COMMIT_RE = re.compile(r"^checkpoints/v(\d{6,})/COMMIT\.json$")
-_ACK_RE = re.compile(r"^checkpoints/v(\d{6,})/acks/([^/]+)\.json$")
-_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+logger = logging.getLogger(__name__)
 
 # In-process wake-ups: trial root URI -> events of the watchers subscribed to it (see `subscribe`).
 _WAKE_LOCK = threading.Lock()
 _WAKE: dict[str, weakref.WeakSet[threading.Event]] = {}
-
-
-@dataclass
-class CheckpointRef:
-    """A committed checkpoint: where it is and what COMMIT.json says it holds."""
-
-    version: int
-    step: int | None
-    uri: str  # checkpoint dir URI (absolute path on posix), no credentials
-    files: dict[str, dict[str, Any]]  # relative name -> {"size": int, <hash_algo>: hex}
-    created_at: float
-    meta: dict[str, Any] = field(default_factory=dict)
-    hash_algo: str = "sha256"
-
-    @property
-    def is_adapter(self) -> bool:
-        """A LoRA adapter (adapter_config.json + adapter_model.safetensors), not a full model directory."""
-        return ADAPTER_CONFIG_NAME in self.files
-
-
-def _parse_commit(raw: bytes, version: int) -> dict[str, Any]:
-    """Validate COMMIT.json; CheckpointIntegrityError naming COMMIT.json if it is malformed."""
-    try:
-        doc = json.loads(raw)
-    except RecursionError:
-        raise CheckpointIntegrityError(keys.CHECKPOINT_COMMIT_NAME, "JSON nested too deeply") from None
-    except ValueError as e:
-        raise CheckpointIntegrityError(keys.CHECKPOINT_COMMIT_NAME, f"not JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("version") != version or not isinstance(doc.get("files"), dict):
-        raise CheckpointIntegrityError(keys.CHECKPOINT_COMMIT_NAME, f"malformed for version {version}")
-    algo = _algo(doc)
-    if algo not in HASH_ALGOS:
-        raise CheckpointIntegrityError(keys.CHECKPOINT_COMMIT_NAME, f"unknown hash algorithm {algo!r}")
-    for name, info in doc["files"].items():
-        ok = (
-            isinstance(info, dict)
-            and isinstance(info.get("size"), int)
-            and isinstance(info.get(algo), str)
-            and _HEX64_RE.match(info[algo])
-        )
-        parts = name.split("/")
-        if not ok or any(p in ("", ".", "..") for p in parts):
-            raise CheckpointIntegrityError(name, "bad entry in COMMIT.json")
-    return doc
-
-
-def parse_latest(raw: bytes) -> int:
-    """The version in a LATEST document `{"version": N, "path": ...}`; ValueError saying what is wrong.
-
-    N must be a JSON integer >= 0: `-1`, `Infinity`, `1e9` (a float), `true` and junk are refused.
-    """
-    try:
-        doc = json.loads(raw)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-    except ValueError as e:  # also bad UTF-8
-        raise ValueError(f"not JSON: {e}") from None
-    if not isinstance(doc, dict) or "version" not in doc:
-        raise ValueError('not an object with a "version"')
-    v = doc["version"]
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"version {v!r} is not an integer >= 0")
-    return v
-
-
-def _algo(doc: Mapping[str, Any]) -> str:
-    """The digest algorithm of a COMMIT.json document (format 1 predates the field: sha256)."""
-    return str(doc.get("hash", "sha256"))
-
-
-def _local_files(local_dir: Path) -> list[str]:
-    """Relative '/'-separated names of the regular files under `local_dir`, skipping temp files."""
-    out: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(local_dir):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for n in filenames:
-            if TMP_MARKER in n or n == VERIFIED_MARKER:
-                continue
-            out.append(Path(dirpath, n).relative_to(local_dir).as_posix())
-    return sorted(out)
-
-
-def _check_digest(name: str, got: FileDigest, expect: Mapping[str, Any], algo: str) -> None:
-    if got.size != expect["size"]:
-        raise CheckpointIntegrityError(name, f"size {got.size} != {expect['size']} in COMMIT.json")
-    if got.algo != algo or got.digest != expect[algo]:
-        raise CheckpointIntegrityError(
-            name, f"{algo} {got.digest[:16]}... != {expect[algo][:16]}... in COMMIT.json"
-        )
-
-
-def _pid_space() -> str:
-    """This machine's boot and pid namespace: where a pid means this very process (two containers with
-    one hostname, or two hosts both called "localhost", never compare pids across each other)."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
-    except OSError:
-        return ""
-
-
-def ack_owner() -> dict[str, Any]:
-    """Who writes an ack: this host and process (`_owner_gone` tells when it has ended)."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_space": _pid_space()}
-
-
-def _owner_gone(owner: Any) -> bool:
-    """True when an ack's owner ran here (same host, boot and pid namespace) and its process is gone;
-    False when it may be alive or cannot be checked from here (another host, no owner recorded: the
-    TTL decides)."""
-    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
-        return False
-    space = _pid_space()
-    if not space or owner.get("pid_space") != space:
-        return False
-    pid = owner.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # EPERM: a process of another user holds the pid, so it is not ours, and not dead
-        return False
-    return _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    """A killed process its parent has not reaped yet still has a pid; it serves nothing."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
 
 
 class CheckpointStore:
@@ -273,7 +144,7 @@ class CheckpointStore:
         local_dir = Path(local_dir)
         if not local_dir.is_dir():
             raise StorageError(f"checkpoint dir {local_dir} does not exist")
-        names = _local_files(local_dir)
+        names = local_files(local_dir)
         if not names:
             raise StorageError(f"checkpoint dir {local_dir} is empty")
         for n in names:
@@ -283,7 +154,7 @@ class CheckpointStore:
         ck_dir = keys.checkpoint_dir(version)
         commit_key = keys.checkpoint_commit_key(version)
         if self.storage.exists(commit_key):
-            existing = _parse_commit(self.storage.get_bytes(commit_key), version)
+            existing = parse_commit(self.storage.get_bytes(commit_key), version)
             self._check_same(existing, local_dir, names, known, version)
             logger.debug("checkpoint v%06d already committed with the same files", version)
             self._advance_latest(version)
@@ -312,7 +183,7 @@ class CheckpointStore:
         try:
             self.storage.put_json(commit_key, doc, exclusive=True)
         except CommitConflictError:  # a concurrent or retried publish got there first
-            existing = _parse_commit(self.storage.get_bytes(commit_key), version)
+            existing = parse_commit(self.storage.get_bytes(commit_key), version)
             self._check_same(existing, local_dir, names, found, version)
             doc = existing
         self._advance_latest(version)
@@ -355,7 +226,7 @@ class CheckpointStore:
         version: int,
     ) -> None:
         """CommitConflictError unless `local_dir` holds exactly the committed files (in the commit's algo)."""
-        algo = _algo(existing)
+        algo = commit_algo(existing)
         have = {n: d for n, d in ours.items() if d.algo == algo}
         have.update(self._hash_local(local_dir, [n for n in names if n not in have], algo))
         mine = {n: (d.size, d.digest) for n, d in have.items()}
@@ -453,7 +324,7 @@ class CheckpointStore:
             files={n: dict(f) for n, f in doc["files"].items()},
             created_at=float(doc.get("created_at", 0.0)),
             meta=dict(doc.get("meta") or {}),
-            hash_algo=_algo(doc),
+            hash_algo=commit_algo(doc),
         )
 
     def _commit_doc(self, version: int) -> tuple[bytes, dict[str, Any]]:
@@ -461,7 +332,7 @@ class CheckpointStore:
             raw = self.storage.get_bytes(keys.checkpoint_commit_key(version))
         except FileNotFoundError:
             raise CheckpointNotFoundError(f"no committed checkpoint v{version:06d}") from None
-        return raw, _parse_commit(raw, version)
+        return raw, parse_commit(raw, version)
 
     def get(self, version: int) -> CheckpointRef:
         """The committed checkpoint `version`; CheckpointNotFoundError if it has no COMMIT.json."""
@@ -471,7 +342,7 @@ class CheckpointStore:
         """Versions that have a COMMIT.json, ascending."""
         out = []
         for k in self.storage.list(keys.CHECKPOINT_DIR):
-            m = _COMMIT_RE.match(k)
+            m = COMMIT_RE.match(k)
             if m:
                 out.append(int(m.group(1)))
         return sorted(out)
@@ -516,6 +387,8 @@ class CheckpointStore:
 
     # --- verify / fetch -----------------------------------------------------------------------------------
 
+    # --- verify / fetch (storage.checkpoint_fetch) --------------------------------------------------------
+
     def verified_dir(self, version: int, cache_dir: str | Path) -> Path:
         """A local directory of `version` whose every file was just checked against COMMIT.json.
 
@@ -526,39 +399,7 @@ class CheckpointStore:
         if not self.storage.is_local:
             return self.fetch(version, cache_dir)
         _, doc = self._commit_doc(version)
-        path = self.storage.local_path(keys.checkpoint_dir(version))
-        assert path is not None
-        t0 = time.perf_counter()
-        algo = _algo(doc)
-        extra = [
-            n
-            for n in _local_files(path)
-            if n != keys.CHECKPOINT_COMMIT_NAME and not n.startswith("acks/") and n not in doc["files"]
-        ]
-        if extra:
-            raise CheckpointIntegrityError(extra[0], "not listed in COMMIT.json")
-
-        def check(name: str) -> None:
-            expect = doc["files"][name]
-            try:
-                if (path / name).stat().st_size != expect["size"]:  # cheap early refusal
-                    raise CheckpointIntegrityError(name, f"size differs from {expect['size']} in COMMIT.json")
-                _check_digest(name, hash_file(path / name, algo), expect, algo)
-            except FileNotFoundError:
-                raise CheckpointIntegrityError(name, "missing from storage") from None
-
-        names = sorted(doc["files"], key=lambda n: -doc["files"][n]["size"])
-        if len(names) == 1 or self.max_workers == 1:
-            for n in names:
-                check(n)
-        else:
-            with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-                for f in [pool.submit(check, n) for n in names]:
-                    f.result()
-        logger.debug(
-            "verified checkpoint v%06d in place (%s) in %.3fs", version, algo, time.perf_counter() - t0
-        )
-        return path
+        return CheckpointFetcher(self.storage, self.max_workers).verify_in_place(version, doc)
 
     def fetch(self, version: int, cache_dir: str | Path) -> Path:
         """Download `version` into `cache_dir/v{N:06d}`, verifying size + digest of every file.
@@ -569,155 +410,29 @@ class CheckpointStore:
         Raises CheckpointNotFoundError (not committed) or CheckpointIntegrityError (naming the file).
         """
         raw, doc = self._commit_doc(version)
-        commit_sha = hashlib.sha256(raw).hexdigest()
-        cache_dir = Path(cache_dir)
-        dest = cache_dir / keys.version_dir_name(version)
-        if self._cache_ok(dest, doc, commit_sha):
-            logger.debug("checkpoint v%06d: cache hit %s", version, dest)
-            return dest
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = cache_dir / f".{dest.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}"
-        tmp.mkdir()
-        try:
-            t0 = time.perf_counter()
-            ck_dir = keys.checkpoint_dir(version)
-            algo = _algo(doc)
-            names = sorted(doc["files"], key=lambda n: -doc["files"][n]["size"])
-            with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-                futs = [
-                    pool.submit(self._fetch_one, f"{ck_dir}/{n}", tmp / n, n, doc["files"][n], algo)
-                    for n in names
-                ]
-                for f in futs:
-                    f.result()
-            (tmp / VERIFIED_MARKER).write_text(json.dumps({"version": version, "commit_sha256": commit_sha}))
-            self._install(tmp, dest, doc, commit_sha)
-            logger.debug("fetched checkpoint v%06d into %s in %.2fs", version, dest, time.perf_counter() - t0)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return dest
+        return CheckpointFetcher(self.storage, self.max_workers).fetch(version, raw, doc, cache_dir)
 
-    def _fetch_one(self, key: str, target: Path, name: str, expect: dict[str, Any], algo: str) -> None:
-        # Always a real copy: a hard link would let anyone writing into the cache corrupt the store.
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            digest = self.storage.get_file(key, target, size=expect["size"], algo=algo)
-        except FileNotFoundError:
-            raise CheckpointIntegrityError(name, "missing from storage") from None
-        _check_digest(name, digest, expect, algo)
+    # --- acks and gc (storage.checkpoint_acks) ------------------------------------------------------------
 
-    @staticmethod
-    def _cache_ok(dest: Path, doc: dict[str, Any], commit_sha: str) -> bool:
-        try:
-            marker = json.loads((dest / VERIFIED_MARKER).read_text())
-        except (OSError, ValueError):
-            return False
-        if marker.get("commit_sha256") != commit_sha:
-            return False
-        try:
-            return all((dest / n).stat().st_size == f["size"] for n, f in doc["files"].items())
-        except OSError:
-            return False
-
-    def _install(self, tmp: Path, dest: Path, doc: dict[str, Any], commit_sha: str) -> None:
-        """Rename the verified temp dir to `dest`, replacing a stale one; tolerate a concurrent fetcher."""
-        for _ in range(3):
-            try:
-                os.rename(tmp, dest)
-                return
-            except OSError:
-                if self._cache_ok(dest, doc, commit_sha):
-                    return  # another fetcher installed a verified copy first
-                stale = dest.with_name(f".{dest.name}.stale-{uuid.uuid4().hex[:8]}")
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(dest, stale)
-                shutil.rmtree(stale, ignore_errors=True)
-        raise StorageError(f"could not install checkpoint into {dest}")
-
-    # --- acks and gc --------------------------------------------------------------------------------------
+    def _acks(self) -> CheckpointAcks:
+        return CheckpointAcks(self.storage, self.ack_ttl_s)
 
     def ack(self, version: int, server_id: str, *, state: Literal["loading", "serving"] = "serving") -> None:
         """Record that `server_id` serves `version`, or (state="loading") is about to verify and load it.
         The ack names its owner, this process (`ack_owner`)."""
-        self.storage.put_json(
-            keys.ack_key(version, server_id),
-            {
-                "server_id": server_id,
-                "version": version,
-                "state": state,
-                "acked_at": time.time(),
-                "owner": ack_owner(),
-            },
-        )
+        self._acks().ack(version, server_id, state=state)
 
     def retract_ack(self, version: int, server_id: str) -> None:
         """Delete `server_id`'s ack of `version` (a "loading" ack whose load failed). Idempotent."""
-        self.storage.delete(keys.ack_key(version, server_id))
+        self._acks().retract_ack(version, server_id)
 
     def acks(self) -> dict[str, int]:
         """Latest acked version per live server (servers whose latest ack is older than ack_ttl_s are dropped)."""
-        return self._live_acks([k for k in self.storage.list(keys.CHECKPOINT_DIR) if _ACK_RE.match(k)])
-
-    def _live_acks(self, ack_keys: list[str]) -> dict[str, int]:
-        latest: dict[str, int] = {}
-        for k in ack_keys:
-            m = _ACK_RE.match(k)
-            assert m is not None
-            v, server = int(m.group(1)), m.group(2)
-            latest[server] = max(v, latest.get(server, -1))
-        now = time.time()
-        live: dict[str, int] = {}
-        for server, v in latest.items():
-            try:
-                doc = self.storage.get_json(keys.ack_key(v, server))
-                acked_at = float(doc["acked_at"])
-            except (FileNotFoundError, ValueError, KeyError, TypeError, RecursionError):
-                if self.ack_ttl_s is None:
-                    live[server] = v  # without a TTL an unreadable ack still counts, as it always did
-                continue
-            if _owner_gone(doc.get("owner")):
-                continue
-            if self.ack_ttl_s is None or now - acked_at <= self.ack_ttl_s:
-                live[server] = v
-        return live
+        return self._acks().acks()
 
     def gc(self, keep_last: int) -> list[int]:
-        """Delete old versions per the GC rule (module docstring); returns the deleted versions.
-
-        Also removes uncommitted (abandoned) version dirs older than every kept version. A committed
-        victim that gained an ack after the floor was computed (a watcher began loading it) is kept.
-        """
-        if keep_last < 1:
-            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-        listing = self.storage.list(keys.CHECKPOINT_DIR)
-        committed = sorted(int(m.group(1)) for k in listing if (m := _COMMIT_RE.match(k)))
-        if not committed:
-            return []
-        seen_acks = [k for k in listing if _ACK_RE.match(k)]
-        keep = set(committed[-keep_last:])
-        served = self._live_acks(seen_acks)
-        floor = min(served.values()) if served else None
-        oldest_kept = min(keep)
-        victims = [v for v in committed if v not in keep and (floor is None or v < floor)]
-        committed_set = set(committed)
-        for d in self.storage.list_dirs(keys.CHECKPOINT_DIR):
-            v = keys.parse_version_dir(d)
-            if v is not None and v not in committed_set and v < oldest_kept and (floor is None or v < floor):
-                victims.append(v)
-        deleted = []
-        seen = set(seen_acks)
-        for v in sorted(victims):
-            if v in committed_set and any(k not in seen for k in self.storage.list(keys.ack_dir(v))):
-                logger.debug("checkpoint gc: keeping v%06d, a server acked it meanwhile", v)
-                continue
-            self.storage.delete(keys.checkpoint_commit_key(v))  # un-commit first
-            self.storage.delete(keys.checkpoint_dir(v), recursive=True)
-            deleted.append(v)
-        if deleted:
-            logger.debug(
-                "checkpoint gc: deleted %s (keep_last=%d, served floor=%s)", deleted, keep_last, floor
-            )
-        return deleted
+        """Delete old versions per the GC rule (``storage.checkpoint_acks``); returns the deleted versions."""
+        return self._acks().gc(keep_last)
 
     # --- trainer done marker ------------------------------------------------------------------------------
 

@@ -9,6 +9,8 @@ relative to that prefix (`storage.keys` builds them). Two backends, chosen by th
 - S3 (`s3://bucket/prefix`): a put is one PutObject (objects appear atomically); an exclusive put adds
   `IfNoneMatch: "*"`. `fs.mv` is copy + delete on S3, so nothing here relies on renames.
 
+Opening a root (URL parsing, options, S3 credentials) is `storage.backends`.
+
 What this is NOT: a cache, a retry layer (s3fs retries requests) or a place for the key layout.
 
 Credentials (options `key`, `secret`, `token` or the `AWS_*` variables, and any user:password in the
@@ -21,6 +23,7 @@ whose key already holds exactly the same bytes (a retry whose first attempt land
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -30,13 +33,12 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import fsspec
 
+from storage.backends import CONFLICT_CODES, ensure_bucket, open_backend, s3_error_code
 from storage.errors import CommitConflictError, StorageError
-from storage.keys import check_name
-from storage.scrub import redact_url, register_secrets, scrubbing
+from storage.scrub import scrubbing
 from storage.transfer import (
     CHUNK_SIZE,
     DEFAULT_CONCURRENCY,
@@ -50,29 +52,6 @@ from storage.transfer import (
 logger = logging.getLogger(__name__)
 
 TMP_MARKER = ".rollflow-tmp-"
-_OPTION_KEYS = frozenset({"endpoint_url", "key", "secret", "token", "region", "fsync", "max_concurrency"})
-
-
-# S3 error codes of a conditional put that lost: the key exists (412), or a concurrent conditional
-# write to the same key is in progress (409). The code, not the message text, decides.
-CONFLICT_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
-
-
-def s3_error_code(e: BaseException) -> str | None:
-    """The S3 error code (`Error.Code` of a botocore ClientError) of `e` or of an exception in its
-    cause/context chain (s3fs re-raises ClientErrors as OSErrors with the original as the cause).
-    """
-    cur: BaseException | None = e
-    for _ in range(10):
-        if cur is None:
-            break
-        response = getattr(cur, "response", None)
-        if isinstance(response, dict):
-            code = (response.get("Error") or {}).get("Code")
-            if code:
-                return str(code)
-        cur = cur.__cause__ or cur.__context__
-    return None
 
 
 class Storage:
@@ -117,70 +96,9 @@ class Storage:
         `AWS_DEFAULT_REGION`); `fsync` (posix durability, default False); `max_concurrency` (parallel
         parts / files per transfer, default 4).
         """
-        check_name(experiment, "experiment")
-        check_name(trial, "trial")
-        opts = dict(options or {})
-        unknown = sorted(set(opts) - _OPTION_KEYS)
-        if unknown:
-            raise StorageError(f"unknown storage option(s) {unknown}; allowed: {sorted(_OPTION_KEYS)}")
-        fsync = bool(opts.pop("fsync", False))
-        max_conc = int(opts.pop("max_concurrency", DEFAULT_CONCURRENCY))
-        if max_conc < 1:
-            raise StorageError("storage option max_concurrency must be >= 1")
-        scheme = urlsplit(root).scheme if "://" in root else ""
-        if scheme in ("", "file"):
-            if any(opts.get(k) for k in ("endpoint_url", "key", "secret", "token")):
-                raise StorageError("S3 options (endpoint_url/key/secret/token) given for a local root")
-            path = Path(root[len("file://") :] if scheme == "file" else root).expanduser().resolve()
-            base = path / experiment / trial
-            fs = fsspec.filesystem("file")
-            return cls(fs, str(base), str(base), is_local=True, fsync=fsync, max_concurrency=max_conc)
-        if scheme not in ("s3", "s3a"):
-            raise StorageError(f"unsupported storage scheme {scheme!r}: use a path, file:// or s3://")
-        parts = urlsplit(root)
-        if "@" in parts.netloc:
-            raise StorageError("credentials in the storage URL are not supported; pass key/secret in options")
-        bucket = parts.netloc
-        if not bucket:
-            raise StorageError("an s3:// root needs a bucket: s3://bucket/prefix")
-        prefix = parts.path.strip("/")
-        env = os.environ
-        endpoint = opts.get("endpoint_url") or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-        key = opts.get("key") or env.get("AWS_ACCESS_KEY_ID")
-        secret = opts.get("secret") or env.get("AWS_SECRET_ACCESS_KEY")
-        token = opts.get("token") or env.get("AWS_SESSION_TOKEN")
-        region = opts.get("region") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-        import s3fs  # imported lazily: local-only users need no botocore
-
-        client_kwargs: dict[str, Any] = {}
-        if region:
-            client_kwargs["region_name"] = region
-        fs = s3fs.S3FileSystem(
-            key=key,
-            secret=secret,
-            token=token,
-            endpoint_url=endpoint,
-            client_kwargs=client_kwargs,
-            use_listings_cache=False,
-            skip_instance_cache=True,
-            max_concurrency=max_conc,
-        )
-        base = "/".join(p for p in (bucket, prefix, experiment, trial) if p)
-        secrets: list[str] = [s for s in (key, secret, token) if s]
-        if endpoint:
-            ep = urlsplit(endpoint)
-            secrets += [s for s in (ep.username, ep.password) if s]
-        secrets = [s for s in secrets if len(s) >= 3]
-        register_secrets(tuple(secrets))
-        return cls(
-            fs,
-            base,
-            f"s3://{base}",
-            is_local=False,
-            secrets=tuple(secrets),
-            max_concurrency=max_conc,
-            endpoint=redact_url(endpoint) if endpoint else None,
-        )
+        backend = open_backend(root, experiment, trial, options)
+        # a Backend's fields are this constructor's arguments, by name
+        return cls(**{f.name: getattr(backend, f.name) for f in dataclasses.fields(backend)})
 
     def __repr__(self) -> str:
         ep = f", endpoint={self._endpoint!r}" if self._endpoint else ""
@@ -465,25 +383,8 @@ class Storage:
     # --- S3 helpers ---------------------------------------------------------------------------------------
 
     @scrubbing
+    @scrubbing
     def ensure_bucket(self) -> None:
         """Create the S3 bucket if it does not exist (tests, local S3 servers). No-op on posix."""
-        if self.is_local:
-            return
-        bucket = self.base.split("/", 1)[0]
-        try:
-            self.fs.call_s3("head_bucket", Bucket=bucket)
-            return
-        except (FileNotFoundError, PermissionError, OSError):
-            pass
-        region = (self.fs.client_kwargs or {}).get("region_name")
-        kwargs: dict[str, Any] = {"Bucket": bucket}
-        if region and region != "us-east-1":  # us-east-1 rejects an explicit LocationConstraint
-            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
-        try:
-            self.fs.call_s3("create_bucket", **kwargs)
-        except FileExistsError:
-            pass
-        except OSError as e:
-            if s3_error_code(e) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                raise
-        logger.info("created bucket %s", bucket)
+        if not self.is_local:
+            ensure_bucket(self.fs, self.base)

@@ -15,9 +15,10 @@ checkpoints/v{N:06d}/COMMIT.json                          written last: the chec
 checkpoints/v{N:06d}/acks/{server}.json                   a server serves N
 checkpoints/LATEST                                        {"version": N, "path": ...}
 trainer/state-{step:08d}.json, trainer/state-{step:08d}/  resume point (+ model/optimizer safetensors)
+trainer/consumed/step-{step:08d}.json                     the group ids step `step` trained on (audit trail)
 trainer/DONE.json                                         the trainer finished
 FINALIZED.json                                            the trial is whole (written last; storage.finalization)
-rollout/state-{name}.json                                 rollout resume point
+rollout/state-{name}.json                                 a rollout worker's state and heartbeat (storage.worker_state)
 rollout/partials/{writer_id}.json                         episodes in flight at a graceful stop (storage.partial_records)
 orchestration/auto-resumes.json                           automatic resumes of the trial (rollflow.auto_resume)
 eval/v{N:06d}.json                                        evaluation of version N
@@ -37,8 +38,12 @@ CHECKPOINT_COMMIT_NAME = "COMMIT.json"
 LATEST_KEY = "checkpoints/LATEST"
 TRAINER_DIR = "trainer"
 TRAINER_DONE_KEY = "trainer/DONE.json"
+CONSUMED_DIR = "trainer/consumed"
 FINALIZED_KEY = "FINALIZED.json"
 ROLLOUT_DIR = "rollout"
+CLAIM_DIR = "prompts/claims"
+TAKEOVER_DIR = "prompts/takeovers"
+CLAIMS_PER_DIR = 1000
 PARTIALS_DIR = "rollout/partials"
 AUTO_RESUMES_KEY = "orchestration/auto-resumes.json"
 EVAL_DIR = "eval"
@@ -138,9 +143,43 @@ def trainer_state_dir(step: int) -> str:
     return f"{TRAINER_DIR}/state-{_check_version(step, 'step'):08d}"
 
 
+def consumed_key(step: int) -> str:
+    """`trainer/consumed/step-{step:08d}.json`: the groups that step `step` trained on."""
+    return f"{CONSUMED_DIR}/step-{_check_version(step, 'step'):08d}.json"
+
+
+def parse_consumed_key(key: str) -> int | None:
+    """Inverse of `consumed_key` on the last key component; None if `key` is not one."""
+    digits = key.rsplit("-", 1)[-1].removesuffix(".json")
+    return int(digits) if digits.isdigit() else None
+
+
 def rollout_state_key(name: str) -> str:
     """`rollout/state-{name}.json`."""
     return f"{ROLLOUT_DIR}/state-{check_name(name, 'name')}.json"
+
+
+def is_rollout_state_key(key: str) -> bool:
+    """Is `key` a rollout worker's state file (`rollout/state-{name}.json`, as listed under `rollout/`)?"""
+    name = key.rsplit("/", 1)[-1]
+    return name.startswith("state-") and name.endswith(".json")
+
+
+# --- prompt claims ----------------------------------------------------------------------------------------
+
+
+def claim_key(block: int) -> str:
+    """`prompts/claims/{block // 1000:06d}/{block:010d}.json`."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+        raise ValueError(f"block must be an int >= 0, got {block!r}")
+    return f"{CLAIM_DIR}/{block // CLAIMS_PER_DIR:06d}/{block:010d}.json"
+
+
+def takeover_key(block: int, gen: int) -> str:
+    """`prompts/takeovers/{block:010d}-{gen:03d}.json`."""
+    if block < 0 or gen < 1:
+        raise ValueError(f"takeover needs block >= 0 and gen >= 1, got {block}, {gen}")
+    return f"{TAKEOVER_DIR}/{block:010d}-{gen:03d}.json"
 
 
 def eval_key(version: int) -> str:

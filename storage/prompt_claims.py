@@ -21,8 +21,8 @@ no capacity is counted twice and no two workers adopt the same block.
 The keys live under `prompts/`, not `rollout/`, so a worker's listing of the state files under
 `rollout/` stays one small LIST however many blocks a run claims.
 
-What it is not: liveness (workers' heartbeats are their state files, read by the loop) or the data
-order (the prompt source maps positions to rows).
+The keys are built in ``storage.keys``. What it is not: liveness (workers' heartbeats are their state
+files, ``storage.worker_state``) or the data order (the prompt source maps positions to rows).
 """
 
 from __future__ import annotations
@@ -31,24 +31,7 @@ import time
 
 from storage.errors import CommitConflictError
 from storage.fs import Storage
-
-CLAIM_DIR = "prompts/claims"
-TAKEOVER_DIR = "prompts/takeovers"
-_PER_DIR = 1000
-
-
-def claim_key(block: int) -> str:
-    """`prompts/claims/{block // 1000:06d}/{block:010d}.json`."""
-    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
-        raise ValueError(f"block must be an int >= 0, got {block!r}")
-    return f"{CLAIM_DIR}/{block // _PER_DIR:06d}/{block:010d}.json"
-
-
-def takeover_key(block: int, gen: int) -> str:
-    """`prompts/takeovers/{block:010d}-{gen:03d}.json`."""
-    if block < 0 or gen < 1:
-        raise ValueError(f"takeover needs block >= 0 and gen >= 1, got {block}, {gen}")
-    return f"{TAKEOVER_DIR}/{block:010d}-{gen:03d}.json"
+from storage.keys import CLAIM_DIR, CLAIMS_PER_DIR, claim_key, takeover_key
 
 
 class ClaimLog:
@@ -72,7 +55,7 @@ class ClaimLog:
         newest = max(dirs, key=lambda d: int(d.rsplit("/", 1)[-1]))
         names = [k.rsplit("/", 1)[-1].removesuffix(".json") for k in self.storage.list(newest)]
         blocks = [int(n) for n in names if n.isdigit()]
-        return max(blocks) + 1 if blocks else int(newest.rsplit("/", 1)[-1]) * _PER_DIR
+        return max(blocks) + 1 if blocks else int(newest.rsplit("/", 1)[-1]) * CLAIMS_PER_DIR
 
     def try_claim(self, block: int, worker: str, name: str) -> bool:
         """Exclusive put of ``block``'s claim; False (and the hint moves on) if another worker has it."""

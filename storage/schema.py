@@ -3,7 +3,7 @@
 One row is one sequence (prompt + completion, possibly several turns); a group is the `n` samples of one
 prompt that GRPO normalises together. This module converts between the two views (Python objects for
 the rollout and trainer, Arrow tables for Parquet) and validates; it does NOT read or write files (see
-`storage.shards`).
+`storage.shard_writer` and `storage.shard_reader`).
 
 Per-token invariants, checked vectorised in `validate_table` on write and on read:
 

@@ -22,7 +22,7 @@ What it is not: the parent flow's story (``flows/distributed.py``) or the loops 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -31,6 +31,11 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import LoopFailedError
 
 TRAIN = "train-loop"
+
+if TYPE_CHECKING:
+    from prefect.client.orchestration import PrefectClient
+
+    from rollflow.tracking.mlflow_tracker import MlflowTracker
 
 
 def rollout_name(index: int) -> str:
@@ -131,7 +136,7 @@ async def _await_children(cfg: ExperimentConfig, runs: dict[str, str]) -> dict[s
     return {n: s.name for n, s in states.items()}
 
 
-async def _cancel(client: Any, runs: dict[str, str], names: list[str], why: str) -> set[str]:
+async def _cancel(client: PrefectClient, runs: dict[str, str], names: list[str], why: str) -> set[str]:
     from uuid import UUID
 
     from prefect.states import Cancelling
@@ -141,7 +146,7 @@ async def _cancel(client: Any, runs: dict[str, str], names: list[str], why: str)
     return set(names)
 
 
-def child_tracker(cfg: ExperimentConfig, mlflow_parent_run_id: str | None, role: str) -> Any:
+def child_tracker(cfg: ExperimentConfig, mlflow_parent_run_id: str | None, role: str) -> MlflowTracker | None:
     """An ``MlflowTracker`` for a child flow (``None`` without a parent run or with tracking off): the
     trainer (``role="train"``) logs into the parent's run, a rollout worker into a nested run."""
     if not mlflow_parent_run_id or not cfg.tracking.enabled:

@@ -25,8 +25,10 @@ from rollflow.api.errors import InferenceError
 from rollflow.api.metrics import MetricsSink
 from rollflow.configuration.trial_storage import open_trial_storage
 from rollflow.evaluation import EvalResult, arun_eval, served_version, wait_for_served_version
+from rollflow.timing.clock import Timeline
+from rollflow.tracking.prefix_sink import PrefixSink
 from tasks.runtime import interrupted, run_sync
-from tasks.tracking import PrefixSink, table_artifact
+from tasks.tracking import table_artifact
 
 
 def record_eval(cfg: ExperimentConfig, result: EvalResult, label: str) -> None:
@@ -103,12 +105,11 @@ def eval_loop(
     *,
     metrics: MetricsSink | None = None,
     stop_event: threading.Event,
-    timeline: Any = None,
+    timeline: Timeline | None = None,
     log_level: int = logging.INFO,
 ) -> list[dict[str, Any]]:
     """Evaluate every ``eval.every_n_versions`` served versions until ``stop_event`` is set."""
     from rollflow.inference.engines import engine_for
-    from rollflow.timing.clock import Timeline
 
     every = cfg.eval.every_n_versions
     clock = (timeline if timeline is not None else Timeline()).role("eval", initial="idle")

@@ -19,10 +19,10 @@ It reuses the trial's MLflow run and runs only the steps that are not there yet:
 - the run ends FINISHED and the record is written.
 
 A run that already ended FINISHED with a decision (finalized before records existed) only gets its
-record. A second resume then finds the record and does nothing (``tasks.trials``).
+record. A second resume then finds the record and does nothing (``rollflow.trials``).
 
 What it is not: the flow (``flows/async_rl.py`` calls this), nor the registry gate
-(``rollflow.tracking.registry``), nor the evaluation (``tasks.evaluate``).
+(``rollflow.tracking.registry_gate``), nor the evaluation (``tasks.evaluate``).
 """
 
 from __future__ import annotations
@@ -30,16 +30,20 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger
 
 from rollflow.api.config import ExperimentConfig
+from rollflow.api.metrics import MetricsSink
 from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.tracking.mlflow_tracker import MlflowTracker
+from rollflow.tracking.registry_gate import DECISION_TAG
 from tasks.lineage import run_lineage_tags
 from tasks.tracking import markdown_artifact, table_artifact
 
-DECISION_TAG = "rollflow.registry.decision"
+if TYPE_CHECKING:
+    from tasks.runtime import RunLogger
 
 
 def record_finalized(cfg: ExperimentConfig, summary: dict[str, Any]) -> None:
@@ -58,12 +62,11 @@ def record_finalized(cfg: ExperimentConfig, summary: dict[str, Any]) -> None:
 
 
 def finish_tracking(
-    cfg: ExperimentConfig, tracker: Any, parts: dict[str, Any], summary: dict[str, Any]
+    cfg: ExperimentConfig, tracker: MlflowTracker, parts: dict[str, Any], summary: dict[str, Any]
 ) -> dict[str, Any]:
     """Log the run's artifacts, then register the policy if the gate says so; returns summary fields."""
     from rollflow.rollout.inspect import sample_trajectories
-    from rollflow.tracking.registry import decide_registration, incumbent_tags
-    from storage.checkpoints import CheckpointStore
+    from rollflow.tracking.registry_gate import apply_registry_gate
 
     tracker.log_dict({k: v for k, v in summary.items()}, "summary.json")
     tracker.log_table(parts["after"]["rows"][:100], "eval/after.json")
@@ -75,57 +78,30 @@ def finish_tracking(
     tracker.log_curves_png()
     if parts.get("timing", {}).get("doc"):
         tracker.log_timeline(parts["timing"]["doc"])
-    if not cfg.tracking.register_model:
-        tracker.set_tags({DECISION_TAG: "disabled"})
-        return {"registered_model": None, "registry_decision": "disabled"}
-    after = float(summary["eval_accuracy_after"])
-    incumbent = tracker.registry.incumbent()
-    if incumbent is not None and summary.get("source_model_version") == incumbent.version:
-        # the run started from the incumbent: its "before" score is the incumbent on this eval set
-        incumbent = incumbent.rescore(float(summary["eval_accuracy_before"]))
-    decision = decide_registration(
-        steps_trained=int(parts["train"].get("steps_run", 0)), eval_accuracy=after, incumbent=incumbent
+    outcome = apply_registry_gate(
+        cfg,
+        tracker,
+        storage,
+        final_version=summary["final_version"],
+        steps_trained=int(parts["train"].get("steps_run", 0)),
+        eval_accuracy_after=summary["eval_accuracy_after"],
+        eval_accuracy_before=summary["eval_accuracy_before"],
+        source_model_version=summary.get("source_model_version"),
+        lineage_tags=lambda: run_lineage_tags(tracker),
     )
-    tags = {
-        DECISION_TAG: "registered" if decision.register else "skipped",
-        "rollflow.registry.reason": decision.reason,
-        "rollflow.registry.detail": decision.detail,
-    }
-    if incumbent is not None:
-        tags.update(incumbent_tags(incumbent))
-    registered = None
-    if decision.register:
-        final = summary["final_version"]
-        local = CheckpointStore(storage).fetch(
-            final, f"{cfg.storage.local_cache}/{cfg.experiment}/{cfg.trial}"
-        )
-        version_tags = {
-            "eval_accuracy": f"{after:.4f}",
-            "registry_reason": decision.reason,
-            "registry_detail": decision.detail,
-            **{k: v for k, v in run_lineage_tags(tracker).items()},
-        }
-        if CheckpointStore(storage).get(final).is_adapter:  # LoRA: register base + adapter, merged
-            from rollflow.training.lora import merge_adapter_dir
-
-            local = merge_adapter_dir(cfg.model.path, local, local.with_name(f"{local.name}-merged"))
-            version_tags.update(lora_rank=str(cfg.train.lora.rank), lora_base_model=cfg.model.path)
-        registry_version = tracker.register_checkpoint(local, version=final, extra_tags=version_tags)
-        tags["rollflow.registry.version"] = registry_version
-        registered = f"{tracker.model_name} v{registry_version}"
-    tracker.set_tags(tags)
-    get_run_logger().info("registry: %s (%s)", tags[DECISION_TAG], decision.detail)
-    return {"registered_model": registered, "registry_decision": decision.reason}
+    if outcome.decision != "disabled":
+        get_run_logger().info("registry: %s (%s)", outcome.decision, outcome.detail)
+    return {"registered_model": outcome.registered_model, "registry_decision": outcome.registry_decision}
 
 
-def _eval_at(tracker: Any, version: int) -> float | None:
+def _eval_at(tracker: MlflowTracker, version: int) -> float | None:
     """The last ``eval/accuracy`` logged at step ``version`` in the trial's run, or None."""
     points = tracker.client.get_metric_history(tracker.run_id, "eval/accuracy")
     at = sorted((m.timestamp, m.value) for m in points if m.step == version)
     return float(at[-1][1]) if at else None
 
 
-def _score_final(cfg: ExperimentConfig, final: int, sink: Any) -> dict[str, Any]:
+def _score_final(cfg: ExperimentConfig, final: int, sink: MetricsSink | None) -> dict[str, Any]:
     """Start the servers, load checkpoint ``final`` into them (the checkpoint watcher, as in a run) and
     score it on the held-out prompts; the servers are stopped afterwards."""
     from rollflow.inference.watcher import CheckpointWatcher
@@ -157,7 +133,7 @@ def _score_final(cfg: ExperimentConfig, final: int, sink: Any) -> dict[str, Any]
         stop_servers(servers)
 
 
-def finalize_trained(cfg: ExperimentConfig, done: dict[str, Any], logger: Any) -> dict[str, Any]:
+def finalize_trained(cfg: ExperimentConfig, done: dict[str, Any], logger: RunLogger) -> dict[str, Any]:
     """Run the finalization steps a trained trial is missing (module docstring); returns its summary."""
 
     t0 = time.monotonic()

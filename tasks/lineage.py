@@ -12,13 +12,16 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rollflow.api.config import ExperimentConfig
 from tasks.runtime import flow_run_lineage
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 LINEAGE_PREFIXES = ("prefect.", "rollflow.source_", "rollflow.data_window", GIT_COMMIT_TAG)
+
+if TYPE_CHECKING:
+    from rollflow.tracking.mlflow_tracker import MlflowTracker
 
 
 def git_commit(project_dir: str | Path = ".") -> str | None:
@@ -56,7 +59,7 @@ def run_lineage(cfg: ExperimentConfig, source_version: str | None) -> dict[str, 
     return tags
 
 
-def run_lineage_tags(tracker: Any) -> dict[str, str]:
+def run_lineage_tags(tracker: MlflowTracker) -> dict[str, str]:
     """The lineage tags recorded on the tracker's run."""
     tags = tracker.client.get_run(tracker.run_id).data.tags
     return {k: v for k, v in tags.items() if k.startswith(LINEAGE_PREFIXES)}

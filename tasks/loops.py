@@ -21,6 +21,7 @@ from typing import Any
 
 from prefect import get_run_logger
 from prefect.exceptions import CancelledRun
+from prefect.futures import PrefectFuture
 
 from rollflow.api.errors import LoopFailedError
 from tasks.runtime import is_interruption
@@ -29,7 +30,7 @@ CAUSE_ORDER = ("rollout-loop", "eval-loop", "train-loop")
 
 
 def join_loops(
-    futures: Mapping[str, Any], stop: threading.Event, *, primary: str = "train-loop"
+    futures: Mapping[str, PrefectFuture[Any]], stop: threading.Event, *, primary: str = "train-loop"
 ) -> dict[str, Any]:
     """Results by loop name; raises ``LoopFailedError`` for the loop that failed (see the module docstring)."""
     results: dict[str, Any] = {}
@@ -83,7 +84,7 @@ def join_loops(
     raise LoopFailedError(name, message) from err
 
 
-def _cancelled_data(fut: Any) -> Any:
+def _cancelled_data(fut: PrefectFuture[Any]) -> Mapping[str, Any] | None:
     """The summary a loop returned with its Cancelled state (``tasks.runtime.interrupted``), else None."""
     state = getattr(fut, "state", None)
     if state is None:

@@ -35,10 +35,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 from uuid import UUID
 
 from rollflow.api.metrics import MetricsSink, NullSink
+
+if TYPE_CHECKING:
+    from tqdm import tqdm  # optional: no bar without it
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +49,7 @@ log = logging.getLogger(__name__)
 class _ClearBarFirst(logging.Filter):
     """On a console handler: clear the bar before the record is written (tqdm redraws it at its next update)."""
 
-    def __init__(self, bar: Any) -> None:
+    def __init__(self, bar: tqdm) -> None:
         super().__init__()
         self.bar = bar
 
@@ -168,7 +171,7 @@ class RunProgress:
         pct = 100.0 * version / self.total
         return f"progress {version}/{self.total} ({pct:.0f}%): " + ", ".join(fields)
 
-    def _make_bar(self, stream: TextIO) -> Any:
+    def _make_bar(self, stream: TextIO) -> tqdm | None:
         isatty = getattr(stream, "isatty", None)
         if isatty is None or not isatty():
             return None

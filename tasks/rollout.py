@@ -4,7 +4,7 @@ It runs until the trainer's done marker appears, ``stop_event`` is set, or a rol
 returns the loop's summary (accepted/rejected groups, shards written, weight updates seen).
 
 With ``fleet`` (the launched servers' ``ServerGroup``), its supervisor's events reach the client and the
-watcher: a dead server is routed around, a restarted one is caught up to the served version, a lost
+watcher (``rollflow.inference.fleet_link.FleetLink``): a dead server is routed around, a restarted one is caught up to the served version, a lost
 one is dropped. When no server is left (or none answered for ``inference.dead_server_timeout_s``) the
 loop stops, ``stop_event`` is set (the trainer stops after its step and writes its resume point), and
 a ``ServerLostError`` says which servers died and why.
@@ -20,41 +20,14 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from infra.servers import ServerHandle
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import ServerLostError
 from rollflow.api.metrics import MetricsSink
 from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.timing.clock import Timeline
+from rollflow.tracking.prefix_sink import PrefixSink
 from tasks.runtime import interrupted, run_sync
-from tasks.tracking import PrefixSink
-
-
-class FleetLink:
-    """Passes a server supervisor's events to the rollout's client (routing) and watcher (weights)."""
-
-    def __init__(self, client: Any, watcher: Any) -> None:
-        self.client = client
-        self.watcher = watcher
-
-    def on_server_down(self, address: str, reason: str) -> None:
-        self.client.pool.mark_down(address)
-        self.client.pool.set_restarting(address, True)  # requests wait for it rather than fail
-        self.watcher.server_down(address, reason)  # its ack must not hold checkpoint GC while it restarts
-
-    def on_server_restarted(self, address: str) -> None:
-        # It serves the initial weights: the watcher catches it up at once (no retry backoff), while the
-        # client keeps routing around it for one more cooldown.
-        self.client.pool.mark_down(address)
-        self.client.pool.set_restarting(address, False)
-        self.watcher.resync(address)
-
-    def on_server_lost(self, address: str, reason: str) -> None:
-        self.client.pool.drop(address, reason)
-        self.watcher.drop_server(address, reason)
-
-    def on_fleet_stopping(self) -> None:
-        # A requested stop: servers going away now are not faults (no failover warnings, no ERRORs).
-        self.client.shutdown()
-        self.watcher.fleet.quiet = True
 
 
 @task(name="rollout-loop", cache_policy=NO_CACHE, persist_result=False)
@@ -65,13 +38,14 @@ def rollout_loop(
     metrics: MetricsSink | None = None,
     stop_event: threading.Event | None = None,
     writer_name: str | None = None,
-    fleet: Any = None,
-    timeline: Any = None,
+    fleet: ServerHandle | None = None,
+    timeline: Timeline | None = None,
 ) -> dict[str, Any]:
     from rollflow.inference.client import EngineClient
+    from rollflow.inference.fleet_link import FleetLink
     from rollflow.inference.watcher import CheckpointWatcher
     from rollflow.rollout.loop import rollout_worker_id, run_rollout_loop
-    from rollflow.timing.clock import Timeline
+    from rollflow.rollout.worker_report import RolloutSummary
     from storage.checkpoints import CheckpointStore
 
     logger = get_run_logger()
@@ -105,7 +79,7 @@ def rollout_loop(
     watcher.start()
     name = writer_name or rollout_worker_id(_flow_run_id())  # unique per flow run, stable across retries
 
-    async def run() -> Any:
+    async def run() -> RolloutSummary:
         try:
             return await run_rollout_loop(
                 cfg,

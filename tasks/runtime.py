@@ -23,8 +23,8 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Coroutine, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -33,7 +33,12 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.loader import load_config, to_yaml
 from rollflow.configuration.parameter_secrets import env_secret_overrides, refuse_secret_parameters
 
+if TYPE_CHECKING:
+    from prefect.states import State
+
 T = TypeVar("T")
+# What ``get_run_logger()`` returns: a flow or task run's logger (an adapter over Prefect's).
+RunLogger: TypeAlias = "logging.Logger | logging.LoggerAdapter[logging.Logger]"
 
 TELEMETRY_ENV = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -148,7 +153,7 @@ def is_interruption(exc: BaseException) -> bool:
     )
 
 
-def interrupted(data: Any, message: str) -> Any:
+def interrupted(data: Mapping[str, Any], message: str) -> State:
     """The final state of a loop task that was stopped before its work was done: Cancelled (with
     its partial summary as data), so the UI does not show an interrupted loop as Completed."""
     from prefect.states import Cancelled

@@ -10,25 +10,12 @@ Launched servers are supervised: one that dies is restarted on its address (``in
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from infra.servers import ExternalServers, ServerGroup, ServerHandle, launch_local_servers
 from rollflow.api.config import ExperimentConfig
-
-
-class ExternalServers:
-    """Servers this flow does not own: nothing to stop."""
-
-    def __init__(self, addresses: list[str]) -> None:
-        self.addresses = list(addresses)
-
-    def stop(self) -> None:
-        return None
-
-    def pids(self) -> dict[str, int]:
-        return {}  # not our processes: nothing to meter
 
 
 def weights_roots(cfg: ExperimentConfig) -> list[Path]:
@@ -42,34 +29,36 @@ def weights_roots(cfg: ExperimentConfig) -> list[Path]:
 
 
 @task(name="start-servers", cache_policy=NO_CACHE, persist_result=False)
-def start_servers(cfg: ExperimentConfig, model_path: str) -> Any:
-    """Return a handle with ``.addresses`` and ``.stop()``."""
+def start_servers(cfg: ExperimentConfig, model_path: str) -> ServerHandle:
+    """The servers' handle: ``.addresses``, ``.pids()`` and ``.stop()``."""
     logger = get_run_logger()
     inf = cfg.inference
     if inf.backend == "external":
-        handle: Any = ExternalServers(inf.addresses)
-    elif inf.backend == "sglang":
-        from infra.sglang_launcher import launch_sglang_servers
-
-        handle = launch_sglang_servers(cfg.inference, model_path)
-    elif inf.backend == "vllm":
-        from infra.vllm_launcher import launch_vllm_servers
-
-        handle = launch_vllm_servers(cfg.inference, model_path)
+        handle: ServerHandle = ExternalServers(inf.addresses)
     else:
-        from infra.servers import launch_local_servers
-
-        handle = launch_local_servers(cfg.inference, model_path, weights_roots=weights_roots(cfg))
-    if inf.backend != "external":  # restart a launched server that dies (infra/supervisor.py)
-        handle.supervise(
+        group = _launch(cfg, model_path)
+        group.supervise(  # restart a launched server that dies (infra/supervisor.py)
             max_restarts=inf.max_restarts,
             interval_s=inf.supervise_interval_s,
             startup_timeout_s=inf.vllm.startup_timeout_s if inf.backend == "vllm" else inf.startup_timeout_s,
         )
+        handle = group
     logger.info("inference servers (%s): %s", inf.backend, ", ".join(handle.addresses))
     return handle
 
 
+def _launch(cfg: ExperimentConfig, model_path: str) -> ServerGroup:
+    if cfg.inference.backend == "sglang":
+        from infra.sglang_launcher import launch_sglang_servers
+
+        return launch_sglang_servers(cfg.inference, model_path)
+    if cfg.inference.backend == "vllm":
+        from infra.vllm_launcher import launch_vllm_servers
+
+        return launch_vllm_servers(cfg.inference, model_path)
+    return launch_local_servers(cfg.inference, model_path, weights_roots=weights_roots(cfg))
+
+
 @task(name="stop-servers", cache_policy=NO_CACHE, persist_result=False)
-def stop_servers(handle: Any) -> None:
+def stop_servers(handle: ServerHandle) -> None:
     handle.stop()

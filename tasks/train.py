@@ -1,7 +1,7 @@
 """Task: the train loop (long-lived). Builds storage + Trainer from config and runs it to the end.
 
 For the synchronous baseline (rollout.pause_during_training) it pauses the inference servers while a
-step runs, through the SGLang control routes. Run on its own (a ``train`` deployment run) it reports
+step runs (``infra.control.PauseServersHooks``). Run on its own (a ``train`` deployment run) it reports
 progress itself (``tasks/progress.py``); the embedded flow reports it for all its loops and says so with
 ``report_progress=False``.
 """
@@ -18,24 +18,10 @@ from prefect.cache_policies import NO_CACHE
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.metrics import MetricsSink
 from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.timing.clock import Timeline
+from rollflow.tracking.prefix_sink import PrefixSink
 from tasks.progress import RunProgress
 from tasks.runtime import interrupted
-from tasks.tracking import PrefixSink
-
-
-class PauseServersHooks:
-    """TrainerHooks that pause generation during each optimizer step (the synchronous baseline)."""
-
-    def __init__(self, addresses: list[str], api_key: str | None, engine: Any = None) -> None:
-        from infra.control import ServerControl
-
-        self._control = ServerControl(addresses, api_key=api_key, engine=engine)
-
-    def before_step(self, version: int) -> None:
-        self._control.pause()
-
-    def after_step(self, version: int) -> None:
-        self._control.resume()
 
 
 @task(name="train-loop", cache_policy=NO_CACHE, persist_result=False)
@@ -45,10 +31,9 @@ def train_loop(
     metrics: MetricsSink | None = None,
     stop_event: threading.Event | None = None,
     pause_addresses: list[str] | None = None,
-    timeline: Any = None,
+    timeline: Timeline | None = None,
     report_progress: bool = True,
 ) -> dict[str, Any]:
-    from rollflow.timing.clock import Timeline
     from rollflow.training.trainer import Trainer
 
     logger = get_run_logger()
@@ -56,6 +41,7 @@ def train_loop(
     storage = open_trial_storage(cfg)
     hooks = None
     if cfg.rollout.pause_during_training and pause_addresses:
+        from infra.control import PauseServersHooks
         from rollflow.inference.engines import engine_for
 
         hooks = PauseServersHooks(pause_addresses, cfg.inference.api_key, engine_for(cfg.inference))

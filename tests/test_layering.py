@@ -11,6 +11,8 @@ are exempt, because they never run):
   and it is only contracts: of ours it imports ``rollflow.api`` alone (the loader, redaction and the
   rest of the machinery live in ``rollflow/configuration/`` and the modules that implement them).
 * Inside ``rollflow/`` only ``rollflow/tracking/`` imports mlflow; the loops see a ``MetricsSink``.
+* ``tasks/`` and ``flows/`` are a thin Prefect layer: they define no classes but the Prefect glue listed
+  in ``PREFECT_GLUE`` (each with why it is glue); anything else belongs in the core.
 """
 
 from __future__ import annotations
@@ -119,3 +121,34 @@ def test_the_checker_sees_nested_imports_and_skips_type_checking() -> None:
     assert [m for _, m in imported_modules(source)] == [
         "typing", "torch", "pyarrow", "prefect", "mlflow.entities", "storage.fs",
     ]  # fmt: skip
+
+
+# The only classes tasks/ and flows/ may define: Prefect glue, each with why it cannot live in the core.
+PREFECT_GLUE = {
+    "tasks/progress.py:_ClearBarFirst": "a filter on Prefect's console handlers (clears the progress bar)",
+    "tasks/progress.py:RunProgress": "the run's progress lines and its Prefect progress artifact",
+    "tasks/runtime.py:_RunLogHandler": "forwards the core's log records to the Prefect run's handlers",
+    "flows/console.py:_NoCompletedTaskLines": "a filter on Prefect's console lines",
+    "flows/end_state.py:RealEndStateFilter": "rewrites Prefect's end-state log line of a cancelled run",
+    "flows/interrupt.py:_NoInterruptOnConsole": "a filter on Prefect's console lines after Ctrl-C",
+    "flows/gpu_plan.py:MissingImageError": "the error of the GPU deployment plan (a Prefect deployment)",
+    "flows/preflight.py:CommandError": "the error of a rollflow command line that starts flows",
+    "flows/session.py:SessionError": "the error of the Python API that runs the flows",
+    "flows/session.py:RLRun": "the Python API: runs the async-rl flow on a private Prefect API",
+}
+
+
+def defined_classes(package: str) -> list[str]:
+    """``path:Class`` of every class defined anywhere in ``package`` (nested ones too)."""
+    return [
+        f"{path.relative_to(ROOT).as_posix()}:{node.name}"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    ]
+
+
+def test_the_prefect_layer_defines_only_glue_classes() -> None:
+    found = defined_classes("tasks") + defined_classes("flows")
+    assert [c for c in found if c not in PREFECT_GLUE] == []  # move it to the core (rollflow/, infra/)
+    assert sorted(set(PREFECT_GLUE) - set(found)) == []  # a stale entry: drop it from the list

@@ -21,7 +21,7 @@ import sys
 
 from rollflow.api.config import INFERENCE_API_KEY_ENV as API_KEY_ENV
 from rollflow.api.config import INFERENCE_WEIGHTS_ROOTS_ENV as WEIGHTS_ROOTS_ENV
-from rollflow.api.config import is_loopback_host
+from rollflow.api.net import is_loopback_host
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -30,33 +30,20 @@ What it is not: no HTTP and no recording; the per-token bookkeeping is the recor
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from rollflow.agents.openai_protocol import Message
 from rollflow.agents.tool_calls import ToolFormat, normalized, template_messages
 from rollflow.api.errors import AgentRequestError
+from rollflow.api.tokenizer import ChatTokenizer
 
 _SENTINEL = "\u2063ROLLFLOW-AGENT-TURN\u2063"
-
-
-class TemplateTokenizer(Protocol):
-    """The part of a Hugging Face tokenizer the prompter uses."""
-
-    chat_template: Any
-    all_special_ids: list[int]
-
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
-
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
 
 
 class ChatPrompter:
     """Renders and tokenizes chat calls for one tokenizer (see the module docstring)."""
 
-    def __init__(self, tokenizer: TemplateTokenizer, *, tool_format: ToolFormat = "hermes") -> None:
+    def __init__(self, tokenizer: ChatTokenizer, *, tool_format: ToolFormat = "hermes") -> None:
         template = getattr(tokenizer, "chat_template", None)
         if not template:
             raise ValueError(

@@ -1,8 +1,7 @@
 """AgentCounts: what the agent endpoint and workflow saw, as counters the rollout loop logs.
 
 What it is: plain counters, touched only on the rollout's event loop, and ``as_metrics`` (logged as
-``rollout/agent_*`` and ``rollout/reward_*`` by ``rollflow.rollout.loop``, which reads the workflow's
-``reward_counts``). Episode drops are counted by reason:
+``rollout/agent_*`` and ``rollout/reward_*`` by the rollout loop, through ``AgentWorkflow.metrics()``). Episode drops are counted by reason:
 
     agent_error   the agent raised             timeout      it ran past episode_timeout_s
     max_turns     a call past max_turns        token_budget a call past max_episode_tokens
@@ -44,7 +43,7 @@ class AgentCounts:
 
     @property
     def scored(self) -> int:
-        """Rewards scored by ``reward_fn`` (``RewardCounts``' name: ``rollflow.rollout.loop.check_reward_fn``)."""
+        """Rewards scored by ``reward_fn`` (``RewardCounts``' name, read by the rollout loop's reward check)."""
         return self.reward_scored
 
     @property

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import logging
 import secrets
@@ -51,7 +52,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rollflow.agents.chat_prompt import ChatPrompter, TemplateTokenizer
+from rollflow.agents.chat_prompt import ChatPrompter
 from rollflow.agents.counts import AgentCounts
 from rollflow.agents.openai_protocol import (
     ChatRequest,
@@ -70,6 +71,7 @@ from rollflow.agents.recorder import CallRecord, EpisodeLimits, EpisodeRecorder
 from rollflow.agents.tool_calls import ParsedReply, ToolFormat, parse_tool_calls
 from rollflow.api.errors import AgentRequestError, EpisodeLimitError, InferenceError, InvalidRequestError
 from rollflow.api.inference import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
+from rollflow.api.tokenizer import ChatTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +88,14 @@ class _HTTPError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.type_, self.code, self.param = status, type_, code, param
+
+
+def _unauthorized(message: str) -> _HTTPError:
+    return _HTTPError(401, message, type_="authentication_error", code="invalid_api_key")
+
+
+def _episode_over(message: str = "this episode is over") -> _HTTPError:
+    return _HTTPError(410, message, type_="invalid_request_error", code="episode_closed")
 
 
 @dataclass
@@ -107,7 +117,7 @@ class AgentEndpoint:
 
     def __init__(
         self,
-        tokenizer: TemplateTokenizer,
+        tokenizer: ChatTokenizer,
         *,
         sampling: SamplingParams | None = None,
         host: str = "127.0.0.1",
@@ -159,9 +169,10 @@ class AgentEndpoint:
             if self._runner is not None:
                 return
             app = web.Application(client_max_size=64 * 1024 * 1024)
+            chat, completion = (functools.partial(self._serve, kind=k) for k in ("chat", "completion"))
             for prefix in ("/episodes/{episode}/v1", "/v1"):
-                app.router.add_post(prefix + "/chat/completions", self._chat)
-                app.router.add_post(prefix + "/completions", self._completion)
+                app.router.add_post(prefix + "/chat/completions", chat)
+                app.router.add_post(prefix + "/completions", completion)
                 app.router.add_get(prefix + "/models", self._models)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
@@ -218,31 +229,20 @@ class AgentEndpoint:
         if owner is not None and wanted is not None and wanted != owner:
             self.counts.calls_refused_foreign_key += 1
             logger.warning("agent endpoint: refused episode %s's key on episode %s", owner, wanted)
-            raise _HTTPError(
-                401,
-                "this api key belongs to another episode: use the api_key given with this base_url",
-                type_="authentication_error",
-                code="invalid_api_key",
+            raise _unauthorized(
+                "this api key belongs to another episode: use the api_key given with this base_url"
             )
         if handle is not None:
             return handle
         if owner is not None:
             self.counts.calls_after_close += 1
-            raise _HTTPError(
-                410,
-                f"this episode is over ({self._closed_keys[key][1]}); its api key no longer works",
-                type_="invalid_request_error",
-                code="episode_closed",
+            raise _episode_over(
+                f"this episode is over ({self._closed_keys[key][1]}); its api key no longer works"
             )
         self.counts.calls_refused_unknown_key += 1
         logger.warning("agent endpoint: refused a call with an unknown api key (%s)", request.path)
         what = "no api key (send Authorization: Bearer <api_key>)" if not key else "unknown api key"
-        raise _HTTPError(
-            401,
-            f"{what}: use the api_key rollflow gave the agent with this base_url",
-            type_="authentication_error",
-            code="invalid_api_key",
-        )
+        raise _unauthorized(f"{what}: use the api_key rollflow gave the agent with this base_url")
 
     async def _json(self, request: web.Request) -> Any:
         try:
@@ -272,23 +272,13 @@ class AgentEndpoint:
         events = chat_chunks(reply) if kind == "chat" else completion_chunks(reply)
         return web.Response(body=sse(events), content_type="text/event-stream")
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, "chat")
-
-    async def _completion(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, "completion")
-
     async def _models(self, request: web.Request) -> web.Response:
         try:
             self._authenticate(request)
         except _HTTPError as e:
             return web.json_response(error_body(str(e), type_=e.type_, code=e.code), status=e.status)
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "rollflow"}],
-            }
-        )
+        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "rollflow"}
+        return web.json_response({"object": "list", "data": [model]})
 
     # --- calls -----------------------------------------------------------------------------------------
 
@@ -305,9 +295,7 @@ class AgentEndpoint:
                 ids = last.context + delta
         if ids is None:
             ids = self.prompter.full_ids(req.messages, req.tools)
-        eot = (
-            self.prompter.end_of_turn_id
-        )  # ignore_eos: the agent wants no stop at the end of the turn either
+        eot = self.prompter.end_of_turn_id  # ignore_eos: the agent wants no stop at the turn's end either
         stops = [eot] if eot is not None and not req.ignore_eos else []
         call, res = await self._agenerate(handle, req, ids, "chat", extra_stops=stops)
         text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
@@ -379,9 +367,7 @@ class AgentEndpoint:
         rec = handle.recorder
         if handle.closed:
             self.counts.calls_after_close += 1
-            raise _HTTPError(
-                410, "this episode is over", type_="invalid_request_error", code="episode_closed"
-            )
+            raise _episode_over()
         requested = req.max_tokens if req.max_tokens is not None else self.sampling.max_new_tokens
         try:
             max_new = rec.admit(ids, requested, version=int(handle.client.get_version()))
@@ -415,9 +401,7 @@ class AgentEndpoint:
             handle.in_flight.discard(task)
         if task.cancelled() or handle.closed:
             self.counts.calls_after_close += 1
-            raise _HTTPError(
-                410, "this episode is over", type_="invalid_request_error", code="episode_closed"
-            )
+            raise _episode_over()
         exc = task.exception()
         if isinstance(exc, InvalidRequestError):
             self.counts.calls_invalid += 1

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from rollflow.agents.openai_protocol import Message
 from rollflow.api.errors import EpisodeLimitError
+from rollflow.rollout.staleness import is_stale, min_trainable_version
 from storage.schema import TrajectoryRow
 
 SegmentPolicy = Literal["all", "last"]
@@ -118,7 +119,9 @@ class EpisodeRecorder:
                     f"episode {self.episode_id}: call {self.admitted + 1} exceeds max_turns={lim.max_turns}",
                 )
             head = self.head_version()
-            if lim.max_staleness is not None and head >= 0 and head < version - lim.max_staleness:
+            if lim.max_staleness is not None and is_stale(
+                head, min_trainable_version(version, max_staleness=lim.max_staleness)
+            ):
                 raise EpisodeLimitError(
                     "stale",
                     f"episode {self.episode_id}: its oldest token is of version {head}, the policy is at "

@@ -12,7 +12,6 @@ storage, so each can be tested with a ten-line fake and ``storage/`` can change 
   are consumed and counted (``TakeResult``).
 * ``CheckpointSink``   where the trainer publishes weights (``storage.checkpoints.CheckpointStore``).
 * ``CheckpointSource`` where the watcher finds, verifies and acknowledges them (the same store).
-* ``VersionProvider``  the newest policy version the servers serve (``EngineClient.get_version``).
 
 ``MetricsSink`` (``rollflow.api.metrics``) and ``InferenceClient`` (``rollflow.api.inference``)
 complete the set of injected collaborators.
@@ -40,7 +39,6 @@ __all__ = [
     "ObjectStore",
     "ShardSink",
     "ShardSource",
-    "VersionProvider",
 ]
 
 
@@ -132,10 +130,3 @@ class CheckpointSource(Protocol):
     ) -> None: ...
 
     def retract_ack(self, version: int, server_id: str) -> None: ...
-
-
-@runtime_checkable
-class VersionProvider(Protocol):
-    """The newest policy version the inference servers serve (what staleness is measured against)."""
-
-    def get_version(self) -> int: ...

@@ -1,9 +1,18 @@
 """The rollout workflow contract and how workflows are named in config.
 
-What it is: ``RolloutWorkflow.arun_episode(client, data)`` returns one ``TrajectoryGroup`` (all samples
-for one prompt) or ``None`` to reject the episode, plus ``resolve_workflow`` which turns an instance, a
-class with kwargs, or an import string ``'pkg.module:Name'`` into an instance.
-What it is not: the executor that schedules episodes (``rollflow.rollout.executor``).
+What it is: the lifecycle of a ``RolloutWorkflow``, which every workflow has:
+
+* ``arun_episode(client, data)`` returns one ``TrajectoryGroup`` (all samples for one prompt) or
+  ``None`` to reject the episode; many run concurrently on one event loop;
+* ``metrics()`` returns the workflow's own counters (cumulative), which the rollout loop logs beside its
+  own; default: none;
+* ``close()`` releases what the workflow started (reward workers, an endpoint, threads); the rollout
+  loop calls it once, after the last episode, when it built the workflow; default: nothing to release.
+
+Plus ``resolve_workflow``, which turns an instance, a class with kwargs, or an import string
+``'pkg.module:Name'`` into an instance. How to write a workflow: docs/workflows.md.
+What it is not: the executor that schedules episodes (``rollflow.rollout.executor``), nor the building
+blocks the shipped workflows are made of (``rollflow.workflows.blocks``).
 """
 
 from __future__ import annotations
@@ -25,6 +34,19 @@ class RolloutWorkflow(ABC):
     @abstractmethod
     async def arun_episode(self, client: InferenceClient, data: dict[str, Any]) -> TrajectoryGroup | None:
         """Run one episode for the dataset row ``data`` and return its trajectory group, or None."""
+
+    def metrics(self) -> dict[str, float]:
+        """Counters since the workflow was built, logged as ``rollout/<name>`` at each metrics tick.
+
+        A workflow that scores with a reward function reports ``reward_scored`` and ``reward_errors``
+        (calls scored, and of those the ones that raised or returned a bad value): the rollout loop
+        stops a run whose reward function raised on every one of its first calls.
+        """
+        return {}
+
+    def close(self) -> None:  # noqa: B027 (a no-op default, not an abstract method)
+        """Release what the workflow started (reward workers, an endpoint, threads). Called once, after
+        the last episode, by whoever built the workflow."""
 
 
 def import_string(spec: str) -> Any:

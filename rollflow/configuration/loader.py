@@ -21,8 +21,9 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
-from rollflow.api.config import INFERENCE_API_KEY_ENV, ExperimentConfig, is_loopback_host
+from rollflow.api.config import INFERENCE_API_KEY_ENV, ExperimentConfig
 from rollflow.api.errors import ConfigError
+from rollflow.api.net import is_loopback_host
 from rollflow.configuration.layout import resolve_layout
 from rollflow.configuration.redact import REDACTED, find_secrets, redact_tree
 
@@ -238,10 +239,6 @@ def check_environment(cfg: ExperimentConfig, environ: Mapping[str, str] | None =
             f"{inf.host!r} exposes the inference servers beyond this machine without an API key; "
             f"set ${INFERENCE_API_KEY_ENV} (or inference.api_key), or keep inference.host=127.0.0.1",
         )
-
-
-def config_from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
-    return _build(ExperimentConfig, data)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

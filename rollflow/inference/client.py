@@ -36,22 +36,19 @@ shutdown, not a fault: nothing is logged at WARNING, nothing is retried or faile
 returns with ``finish_reason == "abort"`` and the output it had.
 
 What it is not: no tokenizer, no streaming, no engine's wire format (``rollflow.inference.sglang``,
-``rollflow.inference.vllm``), no weight updates (``rollflow.inference.watcher``).
+``rollflow.inference.vllm``), no HTTP session (``rollflow.inference.transport``), no weight updates
+(``rollflow.inference.watcher``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import aiohttp
 
 from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import (
@@ -63,24 +60,15 @@ from rollflow.api.errors import (
 from rollflow.api.inference import GenerateRequest, GenerateResult, SamplingParams
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.inference.contract import Engine
-from rollflow.inference.routing import ServerPool, auth_headers, base_url
-from rollflow.inference.sglang_protocol import GenerateOutput, PauseMode, error_message
+from rollflow.inference.routing import ServerPool
+from rollflow.inference.sglang_protocol import GenerateOutput, PauseMode
+from rollflow.inference.transport import GenerateTransport, TransientError
 
 logger = logging.getLogger(__name__)
-
-_RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
 class _ShuttingDown(Exception):
     """A call failed after ``shutdown()``: the request ends as an abort, quietly."""
-
-
-class _Transient(Exception):
-    """A failure worth retrying elsewhere; ``down`` means the server itself looks dead."""
-
-    def __init__(self, message: str, *, down: bool) -> None:
-        super().__init__(message)
-        self.down = down
 
 
 @dataclass
@@ -135,8 +123,7 @@ class EngineClient:
         self.metrics: MetricsSink = metrics or NullSink()
         self._version = initial_version
         self._version_lock = threading.Lock()
-        self._session: aiohttp.ClientSession | None = None
-        self._session_loop: asyncio.AbstractEventLoop | None = None
+        self.transport = GenerateTransport(engine, api_key, request_timeout_s, connect_timeout_s)
         self._closed = False
         self._background: set[asyncio.Task[None]] = set()
         self._in_flight: dict[str, str] = {}  # rid -> the tag of its segment in flight (for aborts)
@@ -358,8 +345,8 @@ class EngineClient:
                 self.pool.acquire(addr)
                 self._in_flight.update(zip(rids, tagged, strict=True))
                 try:
-                    outs = await self._post_generate(addr, call.route, call.payload, tagged)
-                except _Transient as e:
+                    outs = await self.transport.post_generate(addr, call.route, call.payload, tagged)
+                except TransientError as e:
                     if self._closed:  # a requested shutdown: the server going away is expected
                         raise _ShuttingDown(str(e)) from None
                     errors.append(str(e))
@@ -393,70 +380,15 @@ class EngineClient:
             f"{len(self.pool.addresses)} server(s); last errors: {errors[-3:]}"
         )
 
-    async def _post_generate(
-        self, addr: str, route: str, payload: dict[str, Any], tags: list[str]
-    ) -> list[GenerateOutput]:
-        """POST one generate call; one reply per tag is expected (more than one: a batch)."""
-        n = len(tags)
-        session = self._get_session()
-        try:
-            async with session.post(base_url(addr) + route, json=payload) as resp:
-                status = resp.status
-                raw = await resp.read()
-        except aiohttp.ConnectionTimeoutError as e:
-            raise _Transient(f"connect timeout: {e}", down=True) from None
-        except TimeoutError:
-            for tagged in tags:
-                await self._abort_quietly(addr, tagged)
-            raise _Transient(f"no reply within {self.request_timeout_s}s", down=False) from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
-            raise _Transient(f"connection failed: {type(e).__name__}: {e}", down=True) from None
-        try:
-            body: Any = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            body = raw.decode(errors="replace")
-        if status == 200:
-            try:
-                return self.engine.parse_generate(body, n)
-            except (InvalidRequestError, KeyError, TypeError, ValueError) as e:
-                raise _Transient(f"malformed reply: {e}", down=False) from None
-        if status in _RETRYABLE_STATUS:
-            raise _Transient(f"HTTP {status}: {error_message(body)}", down=status == 503)
-        raise InvalidRequestError(f"{addr} rejected the request (HTTP {status}): {error_message(body)}")
-
     def _abort_all_quietly(self, addr: str | None, rids: list[str]) -> None:
         """Best effort, in the background: free the server's slots of ``rids`` (a cancelled batch)."""
         if addr is None:
             return
         for rid in rids:
             tag = self._in_flight.get(rid, rid)  # the segment in flight (vLLM aborts exact ids only)
-            task = asyncio.get_running_loop().create_task(self._abort_quietly(addr, tag))
+            task = asyncio.get_running_loop().create_task(self.transport.abort_quietly(addr, tag))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-
-    async def _abort_quietly(self, addr: str, rid: str) -> None:
-        call = self.engine.abort_call([rid])
-        try:
-            session = self._get_session()
-            async with session.post(
-                base_url(addr) + call.route, json=call.payload, timeout=aiohttp.ClientTimeout(total=5)
-            ):
-                pass
-        except Exception as e:  # best effort
-            logger.debug("abort of %s on %s failed: %s", rid, addr, e)
-
-    def _get_session(self) -> aiohttp.ClientSession:
-        loop = asyncio.get_running_loop()
-        if self._session is None or self._session.closed or self._session_loop is not loop:
-            self._session = aiohttp.ClientSession(
-                headers=auth_headers(self.api_key),
-                timeout=aiohttp.ClientTimeout(
-                    total=self.request_timeout_s, sock_connect=self.connect_timeout_s
-                ),
-                connector=aiohttp.TCPConnector(limit=0),
-            )
-            self._session_loop = loop
-        return self._session
 
     # --- pause / resume (synchronous baseline) -----------------------------------------------------------------
 
@@ -484,7 +416,7 @@ class EngineClient:
     async def aabort(self, rids: Sequence[str]) -> None:
         """Abort ``rids`` (the segment each has in flight) on every server; each returns its partial output."""
         tags = [self._in_flight.get(r, r) for r in rids]
-        await asyncio.gather(*(self._abort_quietly(a, t) for a in self.pool.addresses for t in tags))
+        await asyncio.gather(*(self.transport.abort_quietly(a, t) for a in self.pool.addresses for t in tags))
 
     def shutdown(self) -> None:
         """A requested stop (any thread): from now on failures end requests quietly as aborts."""
@@ -493,6 +425,4 @@ class EngineClient:
     async def aclose(self) -> None:
         """Stop resuming interrupted requests and close the HTTP session."""
         self._closed = True
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
+        await self.transport.aclose()

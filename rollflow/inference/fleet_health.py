@@ -33,6 +33,7 @@ From t = 30 every live server is unreachable, but b answered until t = 30, so th
 after t = 90 reports it: "no server has answered for 60 s" is then true. After ``drop(a)`` and
 ``drop(b)`` it is fatal at once ("every inference server was dropped (none left)").
 
+``default_server_id(address)`` is the storage-safe id a server acks under (``host_port``).
 What it is not: no weight loading (pause / update / continue is the watcher's), no polling of LATEST,
 no routing of requests (``rollflow.inference.routing``), no restarts (``infra/supervisor.py``). The
 watcher's thread calls it and ``drop`` / ``resync`` come from a supervisor's thread, so the bookkeeping is
@@ -42,6 +43,8 @@ under one re-entrant lock; the health check's GETs run outside it.
 from __future__ import annotations
 
 import logging
+import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +56,15 @@ from rollflow.api.stores import CheckpointSource
 from rollflow.inference.contract import Engine
 
 logger = logging.getLogger(__name__)
+
+
+def default_server_id(address: str) -> str:
+    """A storage-safe id for an ack: ``host_port``, prefixed with this hostname for loopback addresses."""
+    a = re.sub(r"^https?://", "", address).rstrip("/")
+    host = a.rsplit(":", 1)[0]
+    if host in ("127.0.0.1", "localhost", "0.0.0.0", "::1", "[::1]"):
+        a = f"{socket.gethostname()}-{a}"
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", a).lstrip(".-")[:128]
 
 
 class FleetHealth:

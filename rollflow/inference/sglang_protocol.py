@@ -5,7 +5,9 @@ What it is: plain dataclasses and parse/build functions for ``/generate``, ``/up
 defaults and error messages (source: ``sglang/srt/managers/io_struct.py``,
 ``sglang/srt/sampling/sampling_params.py``, ``sglang/srt/utils/weight_versions.py``). Both sides use it:
 the CPU server (``infra.cpu_server``) parses requests with it, the client (``rollflow.inference.client``)
-builds requests and reads replies with it. docs/inference.md shows the exact payloads.
+builds requests and reads replies with it. docs/inference.md shows the exact payloads. This module holds
+``/generate`` and re-exports the rest, so one import path names the whole protocol: the sampling
+parameters are ``rollflow.inference.sglang_sampling``, the control routes ``rollflow.inference.sglang_control``.
 
 What it is not: no I/O, no HTTP, no model. Which optional SGLang features the CPU server implements is
 decided in ``infra.cpu_server.app``, not here; this module parses the full field set it names.
@@ -18,20 +20,80 @@ Example::
 
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from rollflow.api.errors import InvalidRequestError
+from rollflow.inference.sglang_control import (
+    CONTINUE_OK,
+    FLUSH_OK_TEXT,
+    PAUSE_MODES,
+    PAUSE_OK,
+    PauseMode,
+    UpdateWeightFromDiskReqInput,
+    error_body,
+    error_message,
+    parse_abort,
+    parse_pause_mode,
+    update_weights_message,
+)
+from rollflow.inference.sglang_sampling import (
+    SAMPLING_EPS,
+    SAMPLING_KEYS,
+    TOP_K_ALL,
+    WireSamplingParams,
+    is_int,
+    parse_sampling_params,
+)
+
+# One import path for the whole protocol: the sampling parameters and the control routes are modules of
+# their own (rollflow.inference.sglang_sampling, rollflow.inference.sglang_control).
+__all__ = [
+    "CONTINUE_OK",
+    "DEFAULT_WEIGHT_VERSION",
+    "FLUSH_OK_TEXT",
+    "PAUSE_MODES",
+    "PAUSE_OK",
+    "PROTOCOL_VERSION",
+    "ROUTE_ABORT",
+    "ROUTE_CONTINUE",
+    "ROUTE_FLUSH_CACHE",
+    "ROUTE_GENERATE",
+    "ROUTE_HEALTH",
+    "ROUTE_HEALTH_GENERATE",
+    "ROUTE_MODEL_INFO",
+    "ROUTE_PAUSE",
+    "ROUTE_SERVER_INFO",
+    "ROUTE_UPDATE_WEIGHTS",
+    "SAMPLING_EPS",
+    "SAMPLING_KEYS",
+    "TOP_K_ALL",
+    "GenerateItem",
+    "GenerateOutput",
+    "PauseMode",
+    "UpdateWeightFromDiskReqInput",
+    "WeightVersionSpan",
+    "WireSamplingParams",
+    "build_generate_payload",
+    "check_context",
+    "compute_weight_version_spans",
+    "error_body",
+    "error_message",
+    "finish_abort",
+    "finish_length",
+    "finish_stop",
+    "parse_abort",
+    "parse_generate_request",
+    "parse_generate_response",
+    "parse_pause_mode",
+    "parse_sampling_params",
+    "token_versions_from_meta",
+    "update_weights_message",
+]
 
 PROTOCOL_VERSION = "0.5.23"  # the SGLang release whose HTTP API this module follows
 DEFAULT_WEIGHT_VERSION = "default"  # SGLang's --weight-version default
-TOP_K_ALL = 1 << 30  # SGLang's "whole vocabulary" top_k
-SAMPLING_EPS = 1e-6  # temperature below this means greedy (SGLang: top_k=1, temperature=1)
-
-PauseMode = Literal["abort", "retract", "in_place"]
-PAUSE_MODES: tuple[str, ...] = ("abort", "retract", "in_place")
 
 # Control routes (POST unless noted).
 ROUTE_GENERATE = "/generate"
@@ -45,163 +107,7 @@ ROUTE_HEALTH_GENERATE = "/health_generate"  # GET
 ROUTE_MODEL_INFO = "/get_model_info"  # GET
 ROUTE_SERVER_INFO = "/get_server_info"  # GET
 
-# sampling_params keys SGLang 0.5.23 accepts (an unknown key is a TypeError there, a 400 here).
-SAMPLING_KEYS = frozenset(
-    {
-        "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-        "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "beam_width",
-        "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
-        "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed",
-        "custom_params", "watermark",
-    }
-)  # fmt: skip
-
-
 _bad = InvalidRequestError
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-# --- sampling parameters -------------------------------------------------------------------------------------
-
-
-@dataclass
-class WireSamplingParams:
-    """``sampling_params`` of one request after SGLang's normalisation (``None`` -> default).
-
-    Greedy: ``0 <= temperature < 1e-6`` becomes ``temperature = 1, top_k = 1`` (``is_greedy`` remembers it),
-    and ``top_k = -1`` becomes ``TOP_K_ALL``, exactly as SGLang's ``SamplingParams.__post_init__``.
-    """
-
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = TOP_K_ALL
-    min_p: float = 0.0
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    min_new_tokens: int = 0
-    n: int = 1
-    sampling_seed: int | None = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[str, float] | None = None
-    constrained: bool = False  # json_schema / regex / ebnf / structural_tag / stop_regex given
-    is_greedy: bool = False
-
-    def unsupported_features(self) -> list[str]:
-        """Names of the non-default features set here (the CPU server rejects these)."""
-        out = []
-        if self.stop:
-            out.append("stop (strings; use stop_token_ids)")
-        if self.n != 1:
-            out.append("n > 1 (send n requests)")
-        if self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0:
-            out.append("frequency/presence/repetition penalties")
-        if self.logit_bias:
-            out.append("logit_bias")
-        if self.constrained:
-            out.append("constrained decoding (json_schema/regex/ebnf/structural_tag/stop_regex)")
-        return out
-
-
-def parse_sampling_params(raw: Any, *, where: str = "sampling_params") -> WireSamplingParams:
-    """Check one ``sampling_params`` dict with SGLang's rules (``SamplingParams.verify``) and normalise it."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise _bad(f"{where} must be a JSON object, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - SAMPLING_KEYS)
-    if unknown:
-        raise _bad(f"{where}: unknown key(s) {unknown}; see docs/inference.md for the accepted keys")
-
-    def typed(key: str, default: Any, ok: Any, what: str) -> Any:
-        v = raw.get(key)
-        v = default if v is None else v
-        if not ok(v):
-            raise _bad(f"{where}.{key} must be {what}, got {v!r}")
-        return v
-
-    def number(key: str, default: float) -> float:
-        return float(typed(key, default, lambda v: _is_number(v) and math.isfinite(v), "a finite number"))
-
-    def integer(key: str, default: int) -> int:
-        return int(typed(key, default, _is_int, "an integer"))
-
-    def boolean(key: str, default: bool) -> bool:
-        return bool(typed(key, default, lambda v: isinstance(v, bool), "true or false"))
-
-    p = WireSamplingParams(
-        max_new_tokens=integer("max_new_tokens", 128),
-        temperature=number("temperature", 1.0),
-        top_p=number("top_p", 1.0),
-        top_k=integer("top_k", -1),
-        min_p=number("min_p", 0.0),
-        ignore_eos=boolean("ignore_eos", False),
-        skip_special_tokens=boolean("skip_special_tokens", True),
-        min_new_tokens=integer("min_new_tokens", 0),
-        n=integer("n", 1),
-        frequency_penalty=number("frequency_penalty", 0.0),
-        presence_penalty=number("presence_penalty", 0.0),
-        repetition_penalty=number("repetition_penalty", 1.0),
-    )
-    stop = raw.get("stop")
-    if stop is not None:
-        p.stop = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, list) else []
-        if not all(isinstance(s, str) for s in p.stop) or not isinstance(stop, (str, list)):
-            raise _bad(f"{where}.stop must be a string or a list of strings")
-    ids = raw.get("stop_token_ids")
-    if ids is not None:
-        if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
-            raise _bad(f"{where}.stop_token_ids must be a list of integers, got {ids!r}")
-        p.stop_token_ids = sorted({int(t) for t in ids})
-    seed = raw.get("sampling_seed")
-    if seed is not None:
-        if not _is_int(seed):
-            raise _bad(f"sampling_seed must be an integer, got {type(seed).__name__}.")
-        if not -(2**63) <= seed <= 2**63 - 1:
-            raise _bad(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
-        p.sampling_seed = int(seed)
-    bias = raw.get("logit_bias")
-    if bias is not None:
-        if not isinstance(bias, dict) or not all(_is_number(v) for v in bias.values()):
-            raise _bad(f"{where}.logit_bias must be an object {{token_id: number}}")
-        p.logit_bias = {str(k): float(v) for k, v in bias.items()}
-    p.constrained = any(raw.get(k) for k in ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex"))
-
-    # SGLang's verify(), same messages.
-    if p.temperature < 0.0:
-        raise _bad(f"temperature must be a non-negative finite number, got {p.temperature}.")
-    if not 0.0 < p.top_p <= 1.0:
-        raise _bad(f"top_p must be in (0, 1], got {p.top_p}.")
-    if not 0.0 <= p.min_p <= 1.0:
-        raise _bad(f"min_p must be in [0, 1], got {p.min_p}.")
-    if p.top_k < 1 and p.top_k != -1:
-        raise _bad(f"top_k must be -1 (disable) or at least 1, got {p.top_k}.")
-    if p.max_new_tokens < 0:
-        raise _bad(f"max_new_tokens must be at least 0, got {p.max_new_tokens}.")
-    if not 0 <= p.min_new_tokens <= p.max_new_tokens:
-        raise _bad(
-            f"min_new_tokens must be in [0, max_new_tokens({p.max_new_tokens})], got {p.min_new_tokens}."
-        )
-    if p.n < 1:
-        raise _bad(f"n must be at least 1, got {p.n}.")
-
-    # SGLang's __post_init__ normalisation.
-    if 0 <= p.temperature < SAMPLING_EPS:
-        p.temperature, p.top_k, p.is_greedy = 1.0, 1, True
-    if p.top_k == -1:
-        p.top_k = TOP_K_ALL
-    return p
 
 
 # --- /generate request -----------------------------------------------------------------------------------------
@@ -228,7 +134,7 @@ def _check_ids(ids: Any, where: str, vocab_size: int | None) -> list[int]:
     if not ids:
         raise _bad(f"{where} must not be empty")
     for i, t in enumerate(ids):
-        if not _is_int(t):
+        if not is_int(t):
             raise _bad(f"{where}[{i}] must be an integer token id, got {t!r}")
         if t < 0 or (vocab_size is not None and t >= vocab_size):
             hi = f"{vocab_size}" if vocab_size is not None else "vocab_size"
@@ -302,8 +208,8 @@ def parse_generate_request(
         return out
 
     ret_lp = per_item("return_logprob", False, lambda x: isinstance(x, bool), "true or false")
-    start = per_item("logprob_start_len", -1, _is_int, "an integer")
-    top_n = per_item("top_logprobs_num", 0, lambda x: _is_int(x) and x >= 0, "an integer >= 0")
+    start = per_item("logprob_start_len", -1, is_int, "an integer")
+    top_n = per_item("top_logprobs_num", 0, lambda x: is_int(x) and x >= 0, "an integer >= 0")
     ret_text = body.get("return_text_in_logprobs") or False
     stream = body.get("stream") or False
     if not isinstance(ret_text, bool) or not isinstance(stream, bool):
@@ -489,121 +395,3 @@ def parse_generate_response(obj: Any) -> GenerateOutput:
         token_versions=token_versions_from_meta(meta, len(ids)),
         raw=obj,
     )
-
-
-# --- control routes --------------------------------------------------------------------------------------------
-
-
-_UPDATE_BOOL_KEYS = ("abort_all_requests", "is_async", "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "flush_cache")  # fmt: skip
-
-
-@dataclass
-class UpdateWeightFromDiskReqInput:
-    """Body of ``POST /update_weights_from_disk`` (SGLang's fields and defaults)."""
-
-    model_path: str
-    load_format: str | None = None
-    abort_all_requests: bool = False
-    weight_version: str | None = None
-    is_async: bool = False
-    torch_empty_cache: bool = False
-    keep_pause: bool = False
-    recapture_cuda_graph: bool = False
-    token_step: int = 0
-    flush_cache: bool = True
-    manifest: dict[str, Any] | None = None
-
-    @classmethod
-    def from_json(cls, body: Any) -> UpdateWeightFromDiskReqInput:
-        if not isinstance(body, dict):
-            raise _bad("request body must be a JSON object")
-        path = body.get("model_path")
-        if not isinstance(path, str) or not path:
-            raise _bad("model_path is required and must be a non-empty string")
-        out = cls(model_path=path)
-        for key in _UPDATE_BOOL_KEYS:
-            v = body.get(key)
-            if v is not None:
-                if not isinstance(v, bool):
-                    raise _bad(f"{key} must be true or false, got {v!r}")
-                setattr(out, key, v)
-        for key in ("load_format", "weight_version"):
-            v = body.get(key)
-            if v is not None:
-                if not isinstance(v, str):
-                    raise _bad(f'{key} must be a string, got {v!r} (weight_version is a string: "7", not 7)')
-                setattr(out, key, v)
-        if body.get("token_step") is not None:
-            if not _is_int(body["token_step"]):
-                raise _bad("token_step must be an integer")
-            out.token_step = int(body["token_step"])
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"model_path": self.model_path, "abort_all_requests": self.abort_all_requests}
-        if self.weight_version is not None:
-            out["weight_version"] = self.weight_version
-        if self.load_format is not None:
-            out["load_format"] = self.load_format
-        if not self.flush_cache:
-            out["flush_cache"] = False
-        if self.keep_pause:
-            out["keep_pause"] = True
-        return out
-
-
-def update_weights_message(weight_version: str | None) -> str:
-    """SGLang's success message of ``/update_weights_from_disk``."""
-    msg = "Succeeded to update model weights."
-    return msg + (f" Weight version updated to {weight_version}." if weight_version is not None else "")
-
-
-def parse_pause_mode(body: Any) -> PauseMode:
-    """Body of ``/pause_generation``: ``{"mode": "abort"|"retract"|"in_place"}``, default abort."""
-    if body is None:
-        body = {}
-    if not isinstance(body, dict):
-        raise _bad("request body must be a JSON object")
-    mode = body.get("mode") or "abort"
-    if mode not in PAUSE_MODES:
-        raise _bad(f"mode must be one of {list(PAUSE_MODES)}, got {mode!r}")
-    return mode  # type: ignore[return-value]
-
-
-def parse_abort(body: Any) -> tuple[str, bool]:
-    """Body of ``/abort_request``: ``{"rid": str = "", "abort_all": bool = false}`` -> ``(rid, abort_all)``."""
-    if body is None:
-        body = {}
-    if not isinstance(body, dict):
-        raise _bad("request body must be a JSON object")
-    rid = body.get("rid") or ""
-    abort_all = body.get("abort_all") or False
-    if not isinstance(rid, str) or not isinstance(abort_all, bool):
-        raise _bad("rid must be a string and abort_all true or false")
-    return rid, abort_all
-
-
-PAUSE_OK = {"message": "Generation paused successfully.", "status": "ok"}
-CONTINUE_OK = {"message": "Generation continued successfully.", "status": "ok"}
-FLUSH_OK_TEXT = (
-    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
-    "requests, the operation will not be performed.)\n"
-)
-
-
-def error_body(message: str) -> dict[str, Any]:
-    """SGLang's generic error reply ``{"error": {"message": ...}}``."""
-    return {"error": {"message": message}}
-
-
-def error_message(body: Any) -> str:
-    """The human message of an SGLang error reply (any of its shapes), else the body as text."""
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-        if "message" in body:
-            return str(body["message"])
-    return str(body)[:500]

@@ -39,7 +39,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rollflow.api.config import is_loopback_host
 from rollflow.api.errors import (
     ConfigError,
     InferenceError,
@@ -48,6 +47,7 @@ from rollflow.api.errors import (
     WeightUpdateError,
 )
 from rollflow.api.inference import SamplingParams
+from rollflow.api.net import is_loopback_host
 from rollflow.inference.checkpoint_check import check_loadable, tensor_index
 from rollflow.inference.contract import EngineName, HttpCall, LaunchArgs, LaunchSpec
 from rollflow.inference.routing import control_call, health_ok

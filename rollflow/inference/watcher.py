@@ -44,12 +44,9 @@ to the newest committed version); the old version keeps serving and the version 
 later polls with exponential backoff (``poll_interval_s * 2**k``, capped at ``max_backoff_s``), while a newer
 version is tried at once.
 
-Runs as a thread in the rollout process (``start()`` / ``stop()``) or as a sidecar next to SGLang::
-
-    python -m rollflow.inference.watcher --storage-root s3://bucket/runs --experiment E --trial T \\
-        --servers 127.0.0.1:30000[,host:port...] [--cache-dir /ckpt-cache] [--poll-interval-s 1] \\
-        [--local-poll-interval-s 0.02] [--no-in-place] [--ack-ttl-s 300] [--engine sglang|vllm|local]
-    # API key from $ROLLFLOW_INFERENCE_API_KEY; S3 credentials from the AWS_* variables
+Runs as a thread in the rollout process (``start()`` / ``stop()``) or as a sidecar next to SGLang or
+vLLM (``python -m infra.watcher_sidecar``, whose defaults are the config's). Loading one server (pause,
+load, resume) is ``rollflow.inference.weight_load.ServerLoader``.
 
 What it is not: no generation, no GC of storage (the trainer's ``CheckpointStore.gc`` uses the acks),
 no bookkeeping of which servers are live or what they serve (``FleetHealth``).
@@ -57,16 +54,7 @@ no bookkeeping of which servers are live or what they serve (``FleetHealth``).
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import logging
-import os
-import re
-import shutil
-import signal
-import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -76,19 +64,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rollflow.api.config import InferenceConfig
-from rollflow.api.errors import InferenceError, ServerUnavailableError
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.stores import CheckpointSource
 from rollflow.inference.contract import Engine
-from rollflow.inference.fleet_health import FleetHealth
-from rollflow.inference.routing import control_call
+from rollflow.inference.fleet_health import FleetHealth, default_server_id
 from rollflow.inference.sglang_protocol import PauseMode
+from rollflow.inference.weight_load import ServerLoader, prune_cache
 from rollflow.timing.clock import RoleClock, Timeline
 
 logger = logging.getLogger(__name__)
 
-API_KEY_ENV = "ROLLFLOW_INFERENCE_API_KEY"
-_VERSION_DIR = re.compile(r"^v(\d{6,})$")
+__all__ = ["CheckpointWatcher", "WatcherEvent", "default_server_id"]
 
 
 @dataclass
@@ -109,15 +95,6 @@ class _CatchUp:
 
     version: int
     created_at: float | None = None
-
-
-def default_server_id(address: str) -> str:
-    """A storage-safe id for an ack: ``host_port``, prefixed with this hostname for loopback addresses."""
-    a = re.sub(r"^https?://", "", address).rstrip("/")
-    host = a.rsplit(":", 1)[0]
-    if host in ("127.0.0.1", "localhost", "0.0.0.0", "::1", "[::1]"):
-        a = f"{socket.gethostname()}-{a}"
-    return re.sub(r"[^A-Za-z0-9_.\-]", "_", a).lstrip(".-")[:128]
 
 
 class CheckpointWatcher:
@@ -188,8 +165,9 @@ class CheckpointWatcher:
         )
         # the ``weights`` role (rollflow.timing.clock): fetching, updating, loading, waiting
         self.clock = clock if clock is not None else Timeline().role("weights", initial="waiting")
-        self._pause_lock = threading.Lock()
-        self._n_paused = 0  # servers paused for a load right now
+        self.loader = ServerLoader(
+            engine, self.clock, pause_mode=pause_mode, api_key=api_key, request_timeout_s=request_timeout_s
+        )
         self.events: list[WatcherEvent] = []
         self._latest_problem: str | None = None  # last malformed-LATEST problem reported as an event
         self.serving_version: int | None = None  # the version every live, reachable server serves
@@ -295,10 +273,10 @@ class CheckpointWatcher:
 
         with self.clock.during("updating"):  # the round trips to the servers; ``loading`` while one is paused
             if len(targets) <= 1:
-                results = [self._update_server(a, local, v) for a in targets]
+                results = [self.loader.update(a, local, v) for a in targets]
             else:
                 with ThreadPoolExecutor(max_workers=len(targets)) as pool:
-                    results = list(pool.map(lambda a: self._update_server(a, local, v), targets))
+                    results = list(pool.map(lambda a: self.loader.update(a, local, v), targets))
         failed = []
         for addr, (status, _, msg) in zip(targets, results, strict=True):
             if status == "ok":
@@ -336,45 +314,13 @@ class CheckpointWatcher:
             "serving v%d on %d server(s): publish->serving %s, fetch %.3fs, pause %.3fs",
             v, len(reachable), f"{latency:.3f}s" if latency is not None else "n/a", fetch_s, pause_s,
         )  # fmt: skip
-        self._prune_cache(v)
+        prune_cache(self.cache_dir, self.keep_cached, serving=v)
         if self.on_update is not None:
             try:
                 self.on_update(v)
             except Exception:
                 logger.exception("on_update(%d) raised", v)
         return v
-
-    def _paused(self, delta: int) -> None:
-        """Count servers paused for a load; the ``weights`` role is ``loading`` while any is (generation stops
-        there, and the rollout shows ``paused``), else back to ``updating``."""
-        with self._pause_lock:
-            self._n_paused += delta
-            self.clock.enter("loading" if self._n_paused > 0 else "updating")
-
-    def _update_server(self, addr: str, local: Path, v: int) -> tuple[str, float, str]:
-        """Pause -> load -> resume one server through its engine; ``(status, pause_s, error)``, status "ok",
-        "unreachable" (it did not answer: dead or restarting) or "failed" (it refused)."""
-        kw: dict[str, Any] = {"api_key": self.api_key, "timeout_s": 30.0}
-        eng = self.engine
-        try:
-            if eng.served_version(addr, **kw) == str(v):
-                return "ok", 0.0, ""
-            t0 = time.perf_counter()
-            eng.pause(addr, self.pause_mode, **kw)
-            self._paused(+1)
-            try:
-                eng.load_weights(addr, local, str(v), api_key=self.api_key, timeout_s=self.request_timeout_s)
-            finally:
-                try:
-                    with contextlib.suppress(ServerUnavailableError):  # it died: the pause died with it
-                        eng.resume(addr, **kw)
-                finally:
-                    self._paused(-1)
-            return "ok", time.perf_counter() - t0, ""
-        except ServerUnavailableError as e:
-            return "unreachable", 0.0, str(e)
-        except InferenceError as e:
-            return "failed", 0.0, str(e)
 
     # --- server health (kept by ``self.fleet``) -----------------------------------------------------------------
 
@@ -437,19 +383,6 @@ class CheckpointWatcher:
             n_errors = sum(1 for e in self.events if e.kind == "error")
         self.metrics.log({"watcher/errors": float(n_errors)}, step=v)
 
-    def _prune_cache(self, serving: int) -> None:
-        """Delete cached version dirs beyond the newest ``keep_cached`` (never the one being served)."""
-        if not self.cache_dir.is_dir():
-            return
-        versions = sorted(
-            (int(m.group(1)), p)
-            for p in self.cache_dir.iterdir()
-            if p.is_dir() and (m := _VERSION_DIR.match(p.name))
-        )
-        for ver, path in versions[: -self.keep_cached]:
-            if ver != serving:
-                shutil.rmtree(path, ignore_errors=True)
-
     # --- thread ----------------------------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event | None = None) -> None:
@@ -507,106 +440,3 @@ class CheckpointWatcher:
                 return True
             time.sleep(0.02)
         return False
-
-
-# --- sidecar CLI ---------------------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m rollflow.inference.watcher", description=__doc__.split("\n\n")[0]
-    )
-    p.add_argument("--storage-root", required=True, help="Local path, file://... or s3://bucket/prefix.")
-    p.add_argument("--experiment", required=True)
-    p.add_argument("--trial", required=True)
-    p.add_argument(
-        "--servers", required=True, help="Comma-separated host:port of the servers to keep updated."
-    )
-    p.add_argument(
-        "--server-ids", default=None, help="Comma-separated ack ids (default: derived from addresses)."
-    )
-    p.add_argument(
-        "--cache-dir", default="/tmp/rollflow-ckpt-cache", help="Local cache the servers can read."
-    )
-    p.add_argument("--poll-interval-s", type=float, default=1.0, help="Full polls of LATEST (S3 requests).")
-    p.add_argument(
-        "--local-poll-interval-s",
-        type=float,
-        default=0.02,
-        help="Local root: stat LATEST this often between full polls (0 = off).",
-    )
-    p.add_argument(
-        "--no-in-place",
-        action="store_true",
-        help="Local root: copy into --cache-dir instead of loading from the store (servers can't see it).",
-    )
-    p.add_argument("--request-timeout-s", type=float, default=600.0, help="Timeout of one weight update.")
-    p.add_argument(
-        "--ack-ttl-s",
-        type=float,
-        default=300.0,
-        help="The trial's storage.ack_ttl_s: acks are refreshed every ack_ttl_s / 4 (0 = never refresh).",
-    )
-    p.add_argument(
-        "--storage-options", default="{}", help="JSON fsspec options, e.g. '{\"endpoint_url\": ...}'."
-    )
-    p.add_argument(
-        "--wait-servers-s", type=float, default=1800.0, help="Wait this long for /health at start."
-    )
-    p.add_argument(
-        "--engine", default="sglang", choices=["sglang", "vllm", "local"], help="The servers' engine."
-    )
-    p.add_argument("--log-level", default="info")
-    ns = p.parse_args(argv)
-    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s watcher: %(message)s")
-
-    from rollflow.inference.engines import engine_for
-    from storage.checkpoints import CheckpointStore
-    from storage.fs import Storage
-
-    servers = [a.strip() for a in ns.servers.split(",") if a.strip()]
-    ids = [s.strip() for s in ns.server_ids.split(",")] if ns.server_ids else None
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    _wait_healthy(servers, ns.wait_servers_s, stop)
-    storage = Storage.open(ns.storage_root, ns.experiment, ns.trial, json.loads(ns.storage_options))
-    watcher = CheckpointWatcher(
-        CheckpointStore(storage),
-        servers,
-        cache_dir=ns.cache_dir,
-        poll_interval_s=ns.poll_interval_s,
-        local_poll_interval_s=ns.local_poll_interval_s,
-        in_place=not ns.no_in_place,
-        api_key=os.environ.get(API_KEY_ENV) or None,
-        engine=engine_for(ns.engine),
-        server_ids=ids,
-        request_timeout_s=ns.request_timeout_s,
-        ack_ttl_s=ns.ack_ttl_s or None,
-        update_log_level=logging.INFO,  # a sidecar's log is its weight loads
-    )
-    logger.info("watching %s for %s", storage, ", ".join(servers))
-    watcher.run(stop)
-    logger.info("stopped; served version %s, %d error(s)", watcher.serving_version, len(watcher.errors))
-    return 0
-
-
-def _wait_healthy(servers: list[str], timeout_s: float, stop: threading.Event) -> None:
-    """Block until every server answers /health (SGLang takes minutes to load a large model)."""
-    deadline = time.monotonic() + timeout_s
-    pending = list(servers)
-    while pending and not stop.is_set():
-        for a in list(pending):
-            try:
-                control_call(a, "/health", timeout_s=5.0)
-                pending.remove(a)
-            except InferenceError:
-                pass
-        if pending:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"servers not healthy after {timeout_s:.0f}s: {pending}")
-            stop.wait(2.0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

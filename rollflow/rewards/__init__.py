@@ -1,6 +1,7 @@
 """Reward functions and the process-pool runner that calls them.
 
-``fn(prompt, completion, answer, **data) -> float``, importable as ``"pkg.module:name"``:
+``fn(prompt, completion, answer, **data) -> float`` (the contract: ``rollflow.api.rewards.RewardFn``),
+importable as ``"pkg.module:name"``:
 ``rollflow.rewards.synthetic:synthetic_reward_fn`` (the embedded default's task),
 ``rollflow.rewards.math:gsm8k_reward_fn`` and ``...:math_reward_fn``.
 ``AsyncRewardRunner`` runs one in worker processes with a timeout (see ``runner``).
@@ -14,13 +15,12 @@ from rollflow.rewards.math import (
     parse_gsm8k_reference,
     parse_number,
 )
-from rollflow.rewards.protocol import RewardFn, resolve_reward_fn, reward_fn_name
+from rollflow.rewards.protocol import reward_fn_name
 from rollflow.rewards.runner import AsyncRewardRunner, RewardOutcome, RewardStats
 from rollflow.rewards.synthetic import synthetic_reward_fn
 
 __all__ = [
     "AsyncRewardRunner",
-    "RewardFn",
     "RewardOutcome",
     "RewardStats",
     "answers_match",
@@ -29,7 +29,6 @@ __all__ = [
     "math_reward_fn",
     "parse_gsm8k_reference",
     "parse_number",
-    "resolve_reward_fn",
     "reward_fn_name",
     "synthetic_reward_fn",
 ]

@@ -1,14 +1,9 @@
-"""The reward-function protocol and how a reward function is named in config.
+"""What a reward function must return, and how one is named in config.
 
-What it is. A reward function is a plain, synchronous, module-level function
-
-    reward_fn(prompt: str, completion: str, answer: str, **data) -> float
-
-where ``prompt`` is the last user message, ``completion`` the decoded model output (special tokens
-skipped), ``answer`` the dataset row's reference and ``data`` the row's other passthrough fields
-(JSON values). It must be importable by the string ``"pkg.module:name"``, because the reward runner
-calls it in worker processes by that name (no pickled callables). It may raise or hang: the runner
-turns both into a 0.0 score that is logged and counted.
+What it is. The contract itself, ``reward_fn(prompt, completion, answer, **data) -> float``, is
+``rollflow.api.rewards.RewardFn``. It must be importable by the string ``"pkg.module:name"``
+(``reward_fn_name``), because the reward runner calls it in worker processes by that name (no pickled
+callables). It may raise or hang: the runner turns both into a 0.0 score that is logged and counted.
 
 A reward must be a finite real number with ``|reward| <= MAX_ABS_REWARD`` (1e6). Anything else (a
 bool, a string such as ``"1.0"``, NaN, inf, ``1e39``) is refused by ``check_reward``: the call counts
@@ -25,7 +20,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Protocol
 
 from rollflow.api.errors import WorkflowImportError
 from rollflow.api.workflow import import_string
@@ -57,12 +51,6 @@ def check_reward(value: object) -> float:
     return as_float
 
 
-class RewardFn(Protocol):
-    """``fn(prompt, completion, answer, **data) -> float``."""
-
-    def __call__(self, prompt: str, completion: str, answer: str, **data: Any) -> float: ...
-
-
 def reward_fn_name(fn: Callable[..., float] | str) -> str:
     """The import string ``"pkg.module:qualname"`` of a reward function, checked to resolve back to it.
 
@@ -88,10 +76,3 @@ def reward_fn_name(fn: Callable[..., float] | str) -> str:
     if import_string(spec) is not fn:
         raise WorkflowImportError(f"{spec!r} does not resolve to {fn!r}; pass an importable function")
     return spec
-
-
-def resolve_reward_fn(spec: Callable[..., float] | str) -> RewardFn:
-    """The callable named by ``spec`` (a callable is returned as is)."""
-    if isinstance(spec, str):
-        return import_string(reward_fn_name(spec))  # type: ignore[no-any-return]
-    return spec  # type: ignore[return-value]

@@ -10,41 +10,46 @@ each finished episode:
               quoting the first traceback;
 - skipped  -- before it starts: the ``prompt_filter`` (``rollflow.rollout.prompt_filter``) says the
               prompt's last group had no reward variance; released at once, never generated;
-- rejected -- None, an empty group, ``should_accept_fn(group)`` is False, or stale:
-              ``head_version < max(version, accepted // B) - max_staleness``, i.e. the oldest-first
-              trainer would eat it more than ``max_staleness`` versions after its first token
-              (``StalenessManager.expected_consumer_version``) and would drop it anyway;
+- rejected -- None, an empty group, ``should_accept_fn(group)`` is False, or stale
+              (``StalenessManager.is_stale``: the oldest-first trainer would drop it anyway);
 - accepted -- handed to the shard writer (``OrderedWriter``: one worker thread, in order) and/or
               returned to callers.
 Every episode that finished in a tick is judged before the failure rate is checked, so a
 ``RolloutFailureError`` never leaves finished episodes unjudged.
 
-Drive it inside a loop (``async with executor:``, then ``feed``/``asubmit``/``arollout_batch``/
-``aprepare_batch``/``await_idle``), or from synchronous code through ``ThreadedExecutor``
-(``rollflow.rollout.executor_thread``).
+Drive it inside a loop: ``async with executor:``, then ``feed``/``asubmit``/``arollout_batch``/
+``await_results``/``await_idle``.
 
 What it is not: no datasets, storage layout or checkpoints (``rollflow.rollout.loop``), no trajectory
-building (the workflows), no counters (``executor_stats``), no writer bookkeeping (``ordered_writer``).
+building (the workflows), no verdicts on finished episodes (``episode_judge``), no counters
+(``executor_stats``), no writer bookkeeping (``ordered_writer``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import contextvars
 import logging
 import threading
 import time
-import traceback
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from rollflow.api.errors import RolloutFailureError
 from rollflow.api.inference import InferenceClient
 from rollflow.api.stores import ShardSink
 from rollflow.api.workflow import RolloutWorkflow, import_string
+from rollflow.rollout.collected import CollectedGroups
+from rollflow.rollout.episode_inputs import EpisodeInputs
+from rollflow.rollout.episode_judge import (
+    ShouldAcceptFn,
+    check_failure_rate,
+    finished_group,
+    record_failure,
+    reject_reason,
+)
 from rollflow.rollout.executor_stats import ExecutorStats
 from rollflow.rollout.ordered_writer import OrderedWriter
 from rollflow.rollout.partials import EPISODE_KEY
@@ -53,10 +58,6 @@ from rollflow.rollout.staleness import StalenessManager
 from storage.schema import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
-
-RejectReason = Literal["none", "empty", "filtered", "stale", "skipped"]
-_MAX_SKIPS_PER_CALL = 256  # skipped rows pulled in one call before the scheduler gets the loop back
-ShouldAcceptFn = Callable[[TrajectoryGroup], bool]
 
 
 @dataclass
@@ -92,7 +93,7 @@ class WorkflowExecutor:
         ``min_episodes_for_failure`` finished episodes raised, or after ``max_write_failures`` failed
         writer calls in a row; ``poll_interval_s`` bounds the wait between capacity checks (a new
         version re-opens capacity); ``on_flush(executor)`` runs on the loop thread after each commit;
-        ``collect`` keeps accepted groups for ``wait``/``prepare_batch`` (default: when no writer);
+        ``collect`` keeps accepted groups for ``await_results`` (default: when no writer);
         ``prompt_filter`` skips fed rows (by ``data["prompt_id"]``) before they start.
         """
         if not 0 < max_failure_rate <= 1:
@@ -110,21 +111,16 @@ class WorkflowExecutor:
         self.stats = ExecutorStats()
 
         # Loop-thread state (only touched from the loop once started).
-        self._inputs: collections.deque[tuple[Hashable, dict[str, Any], asyncio.Future | None]] = (
-            collections.deque()
-        )
-        self._source: Iterator[tuple[Hashable, dict[str, Any]] | None] | None = None
+        self._inputs = EpisodeInputs(staleness, self.stats, prompt_filter)
         self._tasks: dict[asyncio.Task[TrajectoryGroup | None], _Episode] = {}
         self._out: OrderedWriter | None = None  # the writer's calls, in order, off the loop (astart)
         self._next_key = 0
         self._cancelled_keys: list[Hashable] = []  # cancelled by aclose(): never finished, still open
         self._closing = False
-        self._results: collections.deque[TrajectoryGroup] = collections.deque()
-        self._result_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._results = CollectedGroups()
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
-        self._closed: asyncio.Event | None = None  # set at the end of aclose()
         self._scheduler: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
         self._paused = threading.Event()
@@ -144,7 +140,6 @@ class WorkflowExecutor:
             raise RuntimeError("executor already started")
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._closed = asyncio.Event()
         if self.writer is not None:
             self._out = OrderedWriter(
                 self.writer,
@@ -163,7 +158,6 @@ class WorkflowExecutor:
             return
         if not cancel:
             self._inputs.clear()
-            self._source = None
             with contextlib.suppress(RolloutFailureError):
                 await self.await_idle()
         self._closing = True
@@ -173,22 +167,19 @@ class WorkflowExecutor:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        futures = [fut for _, _, fut in self._inputs]
+        futures = self._inputs.clear()
         for ep in self._tasks.values():
             self._cancelled_keys.append(ep.key)
             self.stats.cancelled += 1
             self.staleness.on_rollout_rejected()
             futures.append(ep.future)
         self._tasks.clear()
-        self._inputs.clear()
         for fut in futures:
             if fut is not None and not fut.done():
                 fut.cancel()
         if self._out is not None:
             await self._out.aclose()  # the final flush, then whatever on_flush queued after it
         self._fail_waiters(self._error or RuntimeError("executor closed"))
-        assert self._closed is not None
-        self._closed.set()
 
     # --- feeding and collecting (async, on the loop) ---------------------------------------------------
 
@@ -197,7 +188,7 @@ class WorkflowExecutor:
 
         A ``None`` from ``source`` means "nothing may start now": the executor asks again on a later tick.
         """
-        self._source = source
+        self._inputs.feed(source)
         self._poke()
 
     def feed_rows(self, rows: Iterator[dict[str, Any]]) -> None:
@@ -210,8 +201,7 @@ class WorkflowExecutor:
         self._check_running()
         assert self._loop is not None
         fut: asyncio.Future[TrajectoryGroup | None] | None = self._loop.create_future() if track else None
-        self._inputs.append((self._new_key() if key is None else key, data, fut))
-        self.staleness.on_rollout_enqueued()
+        self._inputs.submit(self._new_key() if key is None else key, data, fut)
         self._poke()
         return fut
 
@@ -226,23 +216,7 @@ class WorkflowExecutor:
         if not self._collect:
             raise RuntimeError("this executor does not collect results (collect=False)")
         self._check_running()
-        if len(self._results) < count:
-            assert self._loop is not None
-            waiter: asyncio.Future[None] = self._loop.create_future()
-            self._result_waiters.append((count, waiter))
-            try:
-                await asyncio.wait_for(asyncio.shield(waiter), timeout)
-            finally:
-                self._result_waiters = [(c, w) for c, w in self._result_waiters if w is not waiter]
-        return [self._results.popleft() for _ in range(count)]
-
-    async def aprepare_batch(
-        self, rows: Iterator[dict[str, Any]], batch_size: int, timeout: float | None = None
-    ) -> list[TrajectoryGroup]:
-        """Asynchronous-RL step: keep generating from ``rows`` (fed once) and return ``batch_size`` groups."""
-        if self._source is None:
-            self.feed_rows(rows)
-        return await self.await_results(batch_size, timeout)
+        return await self._results.take(count, timeout)
 
     async def await_idle(self) -> None:
         """Wait until nothing is queued, the source is exhausted and no episode runs."""
@@ -280,7 +254,7 @@ class WorkflowExecutor:
         """Keys of episodes not yet committed: taken from the source but not started, running, cancelled
         by close, or still buffered."""
         running = [ep.key for ep in self._tasks.values()]
-        queued = [key for key, _, _ in self._inputs]
+        queued = self._inputs.queued_keys()
         buffered = self._out.buffered_keys() if self._out is not None else []
         return queued + running + self._cancelled_keys + buffered
 
@@ -293,12 +267,6 @@ class WorkflowExecutor:
         if self._out is None:
             raise RuntimeError("submit_io needs an executor with a writer, started")
         self._out.submit(fn, *args)
-
-    async def wait_closed(self) -> None:
-        """Wait until ``aclose`` has finished (from another task on the executor's loop)."""
-        if self._closed is None:
-            raise RuntimeError("executor not started")
-        await self._closed.wait()
 
     # --- the scheduler ---------------------------------------------------------------------------------
 
@@ -317,33 +285,8 @@ class WorkflowExecutor:
             with contextlib.suppress(RuntimeError):  # loop already closed
                 self._loop.call_soon_threadsafe(self._wake.set)
 
-    def _next_input(self) -> tuple[Hashable, dict[str, Any], asyncio.Future | None] | None:
-        if self._inputs:
-            return self._inputs.popleft()
-        for _ in range(_MAX_SKIPS_PER_CALL):
-            if self._source is None:
-                return None
-            try:
-                item = next(self._source)
-            except StopIteration:
-                self._source = None
-                return None
-            if item is None:  # the source has nothing that may start now; ask again on a later tick
-                return None
-            key, data = item
-            if self.prompt_filter is not None and self.prompt_filter.skip(str(data.get("prompt_id"))):
-                # never generated: it takes no capacity, and counts as released (the claim log's bound)
-                self.stats.rejected["skipped"] += 1
-                continue
-            self.staleness.on_rollout_enqueued()
-            return key, data, None
-        return None  # many skips in a row: let the scheduler breathe, go on next tick
-
-    def _has_input(self) -> bool:
-        return bool(self._inputs) or self._source is not None
-
     def _is_idle(self) -> bool:
-        return not self._tasks and not self._has_input()
+        return not self._tasks and not self._inputs
 
     async def _run_scheduler(self) -> None:
         assert self._wake is not None
@@ -366,12 +309,12 @@ class WorkflowExecutor:
         if self._paused.is_set():
             return
         version = int(self._version_fn())
-        while self._has_input() and self.staleness.get_capacity(version) > 0:
-            item = self._next_input()
+        while self._inputs and self.staleness.get_capacity(version) > 0:
+            item = self._inputs.next()
             if item is None:
                 break
             if not self.staleness.try_submit(version):  # capacity changed under us (another thread)
-                self._inputs.appendleft(item)
+                self._inputs.put_back(item)
                 break
             key, data, fut = item
             ctx = contextvars.copy_context()  # the episode's requests know their prompt (rollout.partials)
@@ -397,7 +340,9 @@ class WorkflowExecutor:
         finished = [t for t in done if t is not waker]
         for task in sorted(finished, key=lambda t: self._tasks[t].started_at):
             self._finish(task)  # every finished episode is judged before the failure rate is checked
-        self._check_failure_rate()
+        check_failure_rate(
+            self.stats, max_failure_rate=self.max_failure_rate, min_episodes=self.min_episodes_for_failure
+        )
 
     def _finish(self, task: asyncio.Task[TrajectoryGroup | None]) -> None:
         ep = self._tasks.pop(task)
@@ -408,14 +353,7 @@ class WorkflowExecutor:
             self.stats.busy_s += time.monotonic() - self.stats.busy_since
             self.stats.busy_since = None
         try:
-            group = task.result()
-            if group is not None:
-                if not isinstance(group, TrajectoryGroup):
-                    raise TypeError(
-                        f"arun_episode returned {type(group).__name__}, not TrajectoryGroup | None"
-                    )
-                if group.rows:
-                    group.validate()
+            group = finished_group(task)
         except asyncio.CancelledError:
             self.stats.cancelled += 1
             self.staleness.on_rollout_rejected()
@@ -425,12 +363,13 @@ class WorkflowExecutor:
             self._on_failure(ep, exc)
             return
         if group is not None:
-            self.stats.tokens += sum(sum(r.loss_mask) for r in group.rows)
-            self.stats.completions += len(group.rows)
+            self.stats.record_generated(group)
             if self.prompt_filter is not None and group.rows:
                 self.prompt_filter.observe(group.prompt_id, group.rewards)
         version = int(self._version_fn())
-        reason = self._judge(group, version)
+        reason = reject_reason(
+            group, should_accept=self._should_accept, staleness=self.staleness, version=version
+        )
         if reason is not None:
             self.stats.rejected[reason] += 1
             self.staleness.on_rollout_rejected()
@@ -440,60 +379,20 @@ class WorkflowExecutor:
         assert group is not None
         self._accept(ep, group, version)
 
-    def _judge(self, group: TrajectoryGroup | None, version: int) -> RejectReason | None:
-        if group is None:
-            return "none"
-        if not group.rows:
-            return "empty"
-        if self._should_accept is not None and not self._should_accept(group):
-            return "filtered"
-        head = group.head_version
-        bound = self.staleness.expected_consumer_version(version) - self.staleness.max_staleness
-        if 0 <= head < bound:
-            return "stale"
-        return None
-
     def _accept(self, ep: _Episode, group: TrajectoryGroup, version: int) -> None:
         self.staleness.on_rollout_accepted()
-        s = self.stats
-        s.accepted += 1
-        s.rows += len(group.rows)
-        s.reward_sum += sum(r.reward for r in group.rows)
-        lag = max(0, version - group.head_version) if group.head_version >= 0 else 0
-        s.staleness_sum += lag
-        s.staleness_max = max(s.staleness_max, lag)
+        self.stats.record_accepted(group, version)
         if self._out is not None:
             self._out.add(group, ep.key)
         if ep.future is not None:
             self._resolve([ep.future], group)
         elif self._collect:
-            self._results.append(group)
-            ready = [(c, w) for c, w in self._result_waiters if c <= len(self._results)]
-            self._resolve([w for _, w in ready], None)
+            self._results.add(group)
 
     def _on_failure(self, ep: _Episode, exc: BaseException) -> None:
-        s = self.stats
-        s.failed += 1
+        record_failure(self.stats, ep.key, exc)
         self.staleness.on_rollout_rejected()
         self._resolve([ep.future], None)
-        if s.first_failure is None:
-            s.first_failure = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            logger.error("episode %s raised (first failure):\n%s", ep.key, s.first_failure)
-        else:
-            logger.warning("episode %s raised %s: %s", ep.key, type(exc).__name__, exc)
-
-    def _check_failure_rate(self) -> None:
-        """``RolloutFailureError`` when more than ``max_failure_rate`` of the finished episodes raised."""
-        s = self.stats
-        if not s.failed:
-            return
-        ran = s.finished - s.rejected.get("skipped", 0)  # skipped rows never ran
-        rate = s.failed / ran
-        if ran >= self.min_episodes_for_failure and rate > self.max_failure_rate:
-            raise RolloutFailureError(
-                f"{s.failed} of {ran} rollout episodes raised ({rate:.0%} > "
-                f"rollout.max_failure_rate={self.max_failure_rate:.0%}); first failure:\n{s.first_failure}"
-            )
 
     def _flush(self, *, force: bool) -> None:
         """Queue a ``maybe_flush`` (or ``flush``) on the writer thread unless one is in flight."""
@@ -514,8 +413,8 @@ class WorkflowExecutor:
                 fut.set_result(value)
 
     def _fail_waiters(self, exc: BaseException) -> None:
-        waiters = [w for _, w in self._result_waiters] + self._idle_waiters
-        for fut in waiters + [ep.future for ep in self._tasks.values()]:
+        self._results.fail(exc)
+        for fut in self._idle_waiters + [ep.future for ep in self._tasks.values()]:
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
-        self._result_waiters, self._idle_waiters = [], []
+        self._idle_waiters = []

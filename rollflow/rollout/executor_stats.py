@@ -14,6 +14,8 @@ import collections
 import time
 from dataclasses import dataclass, field
 
+from storage.schema import TrajectoryGroup
+
 
 @dataclass
 class ExecutorStats:
@@ -44,6 +46,20 @@ class ExecutorStats:
     @property
     def finished(self) -> int:
         return self.accepted + self.n_rejected + self.failed
+
+    def record_generated(self, group: TrajectoryGroup) -> None:
+        """A finished episode's group, accepted or not: what its generation cost."""
+        self.tokens += sum(sum(r.loss_mask) for r in group.rows)
+        self.completions += len(group.rows)
+
+    def record_accepted(self, group: TrajectoryGroup, version: int) -> None:
+        """An accepted group at trainer ``version``: its reward and its lag behind ``version``."""
+        self.accepted += 1
+        self.rows += len(group.rows)
+        self.reward_sum += sum(r.reward for r in group.rows)
+        lag = max(0, version - group.head_version) if group.head_version >= 0 else 0
+        self.staleness_sum += lag
+        self.staleness_max = max(self.staleness_max, lag)
 
     def as_metrics(self) -> dict[str, float]:
         """Flat numbers for a MetricsSink (the caller adds a prefix such as ``rollout/``)."""

@@ -17,9 +17,9 @@ position), and
   input ids also replays a multi-turn episode's finished turns, as long as the environment answers
   the same (a turn that differs is generated afresh).
 
-``judge_saved`` drops saved episodes whose oldest token is already beyond the staleness bound,
-``oldest < expected_consumer_version - max_staleness`` (they would be rejected as stale when done): their
-prompts are generated afresh, as today, and counted.
+``judge_saved`` drops saved episodes whose oldest token is already beyond the acceptance bound
+(``StalenessManager.acceptance_bound``; they would be rejected as stale when done): their prompts are
+generated afresh, as today, and counted.
 
 What it is not: storage (``storage.partial_records``) or the stop's signal handling (the flow sets the
 stop event). A SIGKILL commits nothing: what was in flight is regenerated, as before.
@@ -43,6 +43,7 @@ from rollflow.api.inference import (
     InferenceClient,
     agenerate_all,
 )
+from rollflow.rollout.staleness import is_stale
 
 logger = logging.getLogger(__name__)
 
@@ -255,14 +256,14 @@ class PartialKeepingClient:
 def judge_saved(
     saved: Mapping[int, Sequence[PartialSample]], *, bound: int
 ) -> tuple[dict[int, list[PartialSample]], int, int]:
-    """``(kept, episodes discarded, tokens discarded)``: an episode whose oldest token is older than
-    ``bound`` (``expected_consumer_version - max_staleness``) would be rejected as stale when done, so its
-    tokens are discarded and its prompt generated afresh."""
+    """``(kept, episodes discarded, tokens discarded)``: an episode whose oldest token is stale against
+    ``bound`` (``StalenessManager.acceptance_bound``) would be rejected when done, so its tokens are
+    discarded and its prompt generated afresh."""
     kept: dict[int, list[PartialSample]] = {}
     dropped = tokens = 0
     for p, samples in saved.items():
         oldest = oldest_version(samples)
-        if oldest is not None and oldest < bound:
+        if oldest is not None and is_stale(oldest, bound):
             dropped += 1
             tokens += sum(len(s.output_ids) for s in samples)
             continue

@@ -6,17 +6,11 @@ What it is: the iterator the loop feeds to the executor. It yields ``(p, row)`` 
 ``ClaimLog`` or adopted from a dead worker. It yields ``None`` when nothing may start now (the next
 block does not fit the staleness bound) and stops after ``max_epochs`` passes.
 
-The global staleness bound. Claims are dense, so after claiming block ``b`` exactly ``(b + 1) * K``
-positions were ever handed out, to all workers together. Each of them is now unstarted, running,
-buffered, committed, or released (rejected, failed, evicted: workers publish a running count). So
-
-    live groups <= (b + 1) * K - released - credited
-
-and a block is claimed only if ``fits((b + 1) * K)``, i.e. ``(b + 1) * K - released - credited <=
-(max_staleness + v + 1) * B``. ``released`` and ``credited`` are read from storage and can only lag
-(undercount), which errs on the safe side. A new worker reads the same log, so it cannot run ahead.
-Worked example: B = 4, max_staleness = 1, v = 0, K = 2, nothing released: blocks 0..3 fit
-(4 * 2 = 8 <= (1 + 0 + 1) * 4), block 4 waits for version 1 (10 <= 12).
+The global staleness bound: claims are dense, so after claiming block ``b`` exactly ``(b + 1) * K``
+positions were ever handed out, to all workers together; a block is claimed only if
+``fits((b + 1) * K)``, which the worker wires to ``StalenessManager.claim_fits`` (the rule, its math and
+a worked example live in ``rollflow.rollout.staleness``). A new worker reads the same log, so it cannot
+run ahead.
 
 What it is not: storage I/O beyond ``ClaimLog`` calls and the ``on_claim`` callback (the loop persists
 its state there, so a claimed block is recorded before any of its prompts runs).

@@ -1,34 +1,54 @@
-"""StalenessManager: how many new episodes the rollout may start right now (AReaL's capacity rule).
+"""The staleness rule, in one place, and StalenessManager: the rollout's counters under that rule.
 
-What it is: thread-safe counters of the rollout (enqueued, submitted, running, accepted, rejected) and
-the capacity that bounds both concurrency and off-policyness. All counts are in GROUPS: one episode is
-one prompt is one ``TrajectoryGroup``, and ``consumer_batch_size`` is the trainer's groups per step.
+The rule (AReaL's, in GROUPS: one episode is one prompt is one ``TrajectoryGroup``; ``B`` is the trainer's
+groups per step, ``S`` = ``rollout.max_staleness``, ``v`` = the trainer version the servers have loaded):
 
-    max_samples(v) = (max_staleness + v + 1) * consumer_batch_size
-    capacity(v)    = min(max_concurrent - running,  max_samples(v) - (live + running))
-    live           = (accepted_G - credited_G) + (accepted_local - evicted - own_visible)
+    max_samples(v)            = (S + v + 1) * B          groups that may ever exist at version v
+    capacity(v)               = min(max_concurrent - running,  max_samples(v) - (live + running))
+    claim_fits(reserved, v)   = reserved - released - credited <= max_samples(v)
+    expected_consumer(v)      = max(v, live // B)        the version an oldest-first trainer eats the next group at
+    min_trainable_version(v)  = v - S                    the oldest head version a trainer at v still trains
+    is_stale(head, m)         = 0 <= head < m            (head -1: no model token, never stale)
 
+Who applies which: the executor starts an episode only while ``capacity(v) > 0`` (``try_submit``) and
+rejects a finished group when ``is_stale(head, min_trainable_version(expected_consumer(v)))``
+(``acceptance_bound``); the prompt source claims a block of prompts only if ``claim_fits``; a graceful
+stop's saved partial episodes are judged by the same acceptance bound; the trainer at version ``v``
+drops groups with ``is_stale(head, min_trainable_version(v))``. Change the rule here and nowhere else.
+
+The counters. ``live = (accepted_G - credited_G) + (accepted_local - evicted - own_visible)``.
 ``accepted_G`` and ``credited_G`` are read from storage by ``sync`` (every writer's committed groups,
 and the groups of them that will never be trained: dropped stale by the trainer or quarantined);
 ``own_visible`` is how many of this process's accepted groups that snapshot already holds, so the last
 term is this process's accepted groups not yet visible in storage (buffered, or committed after the
 snapshot), less those the shard writer evicted as invalid. With one writer and no credits ``live`` is
 just ``accepted``. Other workers' running episodes are not seen here: with many workers the exact global
-rule is the prompt claim gate (``rollflow.rollout.prompt_source``), and this one stays the local check.
+rule is the claim gate (``claim_fits``, applied by ``rollflow.rollout.prompt_source``): claims are dense,
+so after block ``b`` of ``K`` prompts exactly ``reserved = (b + 1) * K`` prompts were ever handed out to
+all workers together, and each is now unstarted, running, buffered, committed or ``released`` (rejected,
+failed, evicted: every worker publishes its count). ``released`` and ``credited`` are read from storage
+and can only lag (undercount), which errs on the safe side.
 
-Why the second term bounds staleness: the trainer at version ``v`` has consumed ``v * B`` groups and
+Why the capacity bounds staleness: the trainer at version ``v`` has consumed ``v * B`` groups and
 consumes oldest first, so a group that is among the first ``max_samples(v)`` ever produced is consumed
-at a version ``<= v + max_staleness`` -- at most ``max_staleness`` versions after the weights it was
-started under. Worked example (the seed's): v = 5, max_staleness = 2, B = 64, 500 groups accepted or
-running, 1000 max concurrent -> min(1000 - r, (2 + 5 + 1) * 64 - 500) = 512 - 500 = 12.
+at a version ``<= v + S`` -- at most ``S`` versions after the weights it was started under. The
+capacity alone does not stop a long episode started early from finishing after newer ones were
+consumed, hence the acceptance check. Worked examples (tests/rollout/test_staleness_rule.py):
 
-``version`` is the trainer version the servers have loaded (``LATEST`` through the checkpoint watcher),
-read through ``version_fn`` or passed explicitly. After a restart, ``restore(accepted=..., credited=...)``
-seeds the counters from what storage already holds; resetting them to 0 would let the rollout run up to
-``max_samples`` groups ahead of the trainer again (AReaL bug #1388: unbounded staleness after recovery).
-Why credits matter: a group that is accepted but never trained still counts in ``accepted``; without the
-credit, once such groups exceed ``max_staleness * B`` the room stays <= 0 for good (with
-``max_staleness = 0`` one quarantined shard is enough) and the trainer starves.
+- capacity: v = 5, S = 2, B = 64, 500 groups accepted or running, 1000 max concurrent ->
+  min(1000 - r, (2 + 5 + 1) * 64 - 500) = 512 - 500 = 12;
+- claims: B = 4, S = 1, v = 0, K = 2, nothing released: blocks 0..3 fit (4 * 2 = 8 <= (1 + 0 + 1) * 4 = 8),
+  block 4 waits for version 1 (10 <= 12);
+- acceptance: S = 1, B = 16, 70 live groups, v = 2 -> expected_consumer = max(2, 70 // 16) = 4, bound
+  4 - 1 = 3: a group whose oldest token is v2 is stale, one from v3 is kept;
+- trainer: v = 7, S = 2 -> groups with head_version < 5 are dropped.
+
+``version`` is read through ``version_fn`` or passed explicitly. After a restart,
+``restore(accepted=..., credited=...)`` seeds the counters from what storage already holds; resetting
+them to 0 would let the rollout run up to ``max_samples`` groups ahead of the trainer again (AReaL bug
+#1388: unbounded staleness after recovery). Why credits matter: a group that is accepted but never
+trained still counts in ``accepted``; without the credit, once such groups exceed ``S * B`` the room
+stays <= 0 for good (with ``S = 0`` one quarantined shard is enough) and the trainer starves.
 
 What it is not: it starts nothing and reads no storage; the executor asks it and reports events to it.
 """
@@ -44,6 +64,24 @@ from typing import Literal, Protocol
 logger = logging.getLogger(__name__)
 
 StalenessEvent = Literal["enqueued", "submitted", "accepted", "rejected", "restored"]
+
+
+# --- the rule (pure arithmetic; see the module docstring) ---------------------------------------------------
+
+
+def max_samples(version: int, *, max_staleness: int, batch_size: int) -> int:
+    """``(max_staleness + version + 1) * batch_size``: groups that may ever exist at ``version``."""
+    return (max_staleness + version + 1) * batch_size
+
+
+def min_trainable_version(version: int, *, max_staleness: int) -> int:
+    """``version - max_staleness``: the oldest head version a trainer at ``version`` still trains."""
+    return version - max_staleness
+
+
+def is_stale(head_version: int, min_version: int) -> bool:
+    """``0 <= head_version < min_version`` (a head of -1, no model token, is never stale)."""
+    return 0 <= head_version < min_version
 
 
 @dataclass(frozen=True)
@@ -126,7 +164,12 @@ class StalenessManager:
 
     def max_samples(self, version: int) -> int:
         """``(max_staleness + version + 1) * consumer_batch_size``: groups that may ever exist at ``version``."""
-        return (self.max_staleness + version + 1) * self.consumer_batch_size
+        return max_samples(version, max_staleness=self.max_staleness, batch_size=self.consumer_batch_size)
+
+    def claim_fits(self, reserved: int, *, released: int, credited: int, version: int) -> bool:
+        """``reserved - released - credited <= max_samples(version)``: may a worker claim prompts up to
+        global position ``reserved`` (``rollflow.rollout.prompt_source``; see the module docstring)."""
+        return reserved - released - credited <= self.max_samples(version)
 
     def get_capacity(self, version: int | None = None) -> int:
         """Episodes that may start now (may be <= 0). See the module docstring."""
@@ -164,13 +207,13 @@ class StalenessManager:
         """Episodes the staleness bound alone would let start now (<= 0: the bound holds them back)."""
         v = self.current_version(version)
         with self._lock:
-            return self.max_samples(v) - (self._live_locked() + self._stat.running)
+            return self._staleness_room_locked(v)
+
+    def _staleness_room_locked(self, v: int) -> int:
+        return self.max_samples(v) - (self._live_locked() + self._stat.running)
 
     def _capacity_locked(self, v: int) -> int:
-        s = self._stat
-        concurrency_room = self.max_concurrent - s.running
-        staleness_room = self.max_samples(v) - (self._live_locked() + s.running)
-        return min(concurrency_room, staleness_room)
+        return min(self.max_concurrent - self._stat.running, self._staleness_room_locked(v))
 
     def expected_consumer_version(self, version: int | None = None) -> int:
         """Lowest trainer version at which the NEXT accepted group can be consumed (oldest-first trainer).
@@ -181,6 +224,16 @@ class StalenessManager:
         v = self.current_version(version)
         with self._lock:
             return max(v, self._live_locked() // self.consumer_batch_size)
+
+    def acceptance_bound(self, version: int | None = None) -> int:
+        """``min_trainable_version(expected_consumer_version(version))``: the oldest head version a group
+        accepted now may have (an older one would be dropped by the trainer anyway)."""
+        expected = self.expected_consumer_version(version)
+        return min_trainable_version(expected, max_staleness=self.max_staleness)
+
+    def is_stale(self, head_version: int, version: int | None = None) -> bool:
+        """Would a group with ``head_version`` finishing now be dropped as stale (``acceptance_bound``)?"""
+        return is_stale(head_version, self.acceptance_bound(version))
 
     # --- events ----------------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ the held-out evaluation scored:
 
 - the messages go through the tokenizer's chat template with the assistant turn opened
   (``apply_chat_template(..., add_generation_prompt=True)``), exactly the prompt the rollouts and the
-  evaluation render (``rollflow.workflows.rlvr.render_chat``); a raw prompt without the template is not
+  evaluation render (``rollflow.workflows.blocks.render_chat``); a raw prompt without the template is not
   what the policy was trained on;
 - decoding is greedy (``do_sample=False``, as the held-out evaluation) up to ``max_new_tokens`` (the
   config's ``rollout.generation.max_new_tokens``; a request's ``max_tokens`` overrides it) and stops at

@@ -182,3 +182,10 @@ def build_batch(groups: Sequence[Any], *, pad_id: int = 0) -> TrainBatch:
         group_index=group_index,
         groups=infos,
     )
+
+
+def signal_groups(batch: TrainBatch) -> set[int]:
+    """Indices of the groups with a non-zero advantage on some row (the rest teach nothing)."""
+    assert batch.advantages is not None
+    active = batch.group_index[batch.advantages != 0].tolist()  # [n_active_rows] -> group ids
+    return set(active)

@@ -277,3 +277,12 @@ def gc_resume_points(storage: ObjectStore, keep: int = 2) -> None:
             if int(digits) > max(steps, default=-1):
                 continue  # a resume point being written right now (its JSON is not there yet)
             storage.delete(d, recursive=True)
+
+
+def drop_replayed_logs(storage: ObjectStore, version: int) -> None:
+    """Delete the consumed-groups logs of steps after ``version`` (``trainer/consumed/``): a resume at
+    ``version`` replays those steps, and each writes its log again."""
+    for k in storage.list(keys.CONSUMED_DIR):
+        step = keys.parse_consumed_key(k)
+        if step is not None and step > version:
+            storage.delete(k)

@@ -3,9 +3,10 @@
 What it is: ``BatchCollector`` around a ``ShardSource`` (``rollflow.api.stores``: ``storage``'s
 ``ShardReader``, or a 10-line fake in tests). It polls until ``n`` groups that are fresh enough have
 arrived, oldest first, sleeping on the stop event between polls (never a busy loop). Stale groups
-(head_version < version - max_staleness) are consumed and dropped by the reader and counted here; the
-reader also records them in storage as capacity credits (``storage.credits``), so the rollout workers
-stop counting groups that will never be trained against the staleness bound.
+(head_version below ``min_head_version``, the staleness rule's minimum trainable version) are consumed
+and dropped by the reader and counted here; the reader also records them in storage as capacity credits
+(``storage.credits``), so the rollout workers stop counting groups that will never be trained against
+the staleness bound.
 What it is not: a sampler or a shuffler; order is the reader's (commit time), and the reader's cursor
 is the exactly-once state saved in resume points.
 

@@ -3,8 +3,8 @@
 What it is: ``Trainer(cfg, storage, ...).run()``. One step, with ``version`` = training steps applied:
 
 1. take exactly ``train.batch_size`` groups, oldest first, through the reader's exactly-once cursor;
-   groups with head_version < version - rollout.max_staleness are dropped and counted (rank 0 reads,
-   then broadcasts the padded batch to the other ranks as safetensors bytes);
+   groups older than the staleness rule's ``min_trainable_version(version)`` are dropped and counted
+   (rank 0 reads, then broadcasts the padded batch to the other ranks as safetensors bytes);
 2. plan: PPO minibatches balanced by tokens, each split across ranks by tokens, each rank's share packed
    into micro-batches of <= train.max_tokens_per_mb tokens by first-fit decreasing (groups never split);
 3. advantages, proximal logprobs (decoupled loss), reference logprobs (kl_ctl > 0), PPO update(s).
@@ -30,38 +30,38 @@ goes on from there. Versions already in storage are never re-published (``publis
 final checkpoint is published and ``trainer/DONE.json`` written, so the rollout side stops. A set
 ``stop_event`` ends the run after the current step with a resume point and without the done marker.
 
-What it is not: the math (``losses``, ``advantages``, ``kl``), the per-rank passes (``actor``), process
-launch (``run``), or anything Prefect.
+What it is not: the math (``losses``, ``advantages``, ``kl``), building the policy (``policy_build``), the
+per-rank passes (``actor``), the staleness rule (``rollflow.rollout.staleness``), the reported numbers
+(``step_report``), process launch (``run``), or anything Prefect.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 import torch
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import TrainerError
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.stores import ObjectStore
+from rollflow.api.training import TrainerHooks
+from rollflow.rollout.staleness import min_trainable_version
 from rollflow.timing.clock import Timeline
 from rollflow.training import distributed as D
-from rollflow.training.actor import PolicyActor
-from rollflow.training.batching import TrainBatch, build_batch
-from rollflow.training.lora import AdapterDisabled, adapter_config, adapter_tensors, apply_lora
+from rollflow.training.batching import TrainBatch, build_batch, signal_groups
+from rollflow.training.lora import adapter_config, adapter_tensors
 from rollflow.training.microbatch import keep_groups, plan_step
-from rollflow.training.optim import build_optimizer, build_scheduler
-from rollflow.training.publish import CheckpointPublisher, tied_aliases
+from rollflow.training.policy_build import build_policy
+from rollflow.training.publish import CheckpointPublisher
 from rollflow.training.resume import (
     ResumePoint,
     capture_rng,
+    drop_replayed_logs,
     find_latest_resume_point,
     gc_resume_points,
     load_resume_blobs,
@@ -71,60 +71,13 @@ from rollflow.training.resume import (
     scheduler_state,
     write_resume_point,
 )
-from rollflow.training.source import BatchCollector
+from rollflow.training.source import BatchCollector, Collected
+from rollflow.training.step_report import TrainSummary, data_metrics, step_metrics
 from storage import keys
 
 logger = logging.getLogger(__name__)
 
-CONSUMED_DIR = f"{keys.TRAINER_DIR}/consumed"
 KEEP_RESUME_POINTS = 2
-
-
-def consumed_key(step: int) -> str:
-    """``trainer/consumed/step-{step:08d}.json``: the groups that step ``step`` trained on."""
-    return f"{CONSUMED_DIR}/step-{step:08d}.json"
-
-
-def signal_groups(batch: TrainBatch) -> set[int]:
-    """Indices of the groups with a non-zero advantage on some row (the rest teach nothing)."""
-    assert batch.advantages is not None
-    active = batch.group_index[batch.advantages != 0].tolist()  # [n_active_rows] -> group ids
-    return set(active)
-
-
-class TrainerHooks(Protocol):
-    """Called around each step once its batch is in hand (the synchronous baseline pauses rollout here)."""
-
-    def before_step(self, version: int) -> None: ...
-
-    def after_step(self, version: int) -> None: ...
-
-
-@dataclass
-class TrainSummary:
-    final_version: int
-    steps_run: int  # steps run by this process (after any resume)
-    groups_consumed: int  # over the whole run, resumed counters included
-    dropped_stale: int
-    resumed_from: int | None  # version of the resume point loaded, None on a fresh start
-    stopped: bool = False  # stop_event ended the run before train.steps
-    done: bool = False  # the done marker was written
-    published_versions: list[int] = field(default_factory=list, repr=False)  # one per version: see brief()
-    quarantined: int = 0
-    wall_time_s: float = 0.0
-
-    def brief(self) -> str:
-        """One line for a log: counts and ranges, never the list of every published version."""
-        pub = self.published_versions
-        published = (
-            f"{len(pub)} checkpoint(s) published (v{min(pub)}..v{max(pub)})" if pub else "none published"
-        )
-        start = "fresh start" if self.resumed_from is None else f"resumed at v{self.resumed_from}"
-        return (
-            f"version {self.final_version} after {self.steps_run} step(s) ({start}), "
-            f"{self.groups_consumed} groups trained, {self.dropped_stale} dropped as stale, "
-            f"{self.quarantined} quarantined; {published}; {self.wall_time_s:.1f} s"
-        )
 
 
 class Trainer:
@@ -163,11 +116,10 @@ class Trainer:
     # --- setup --------------------------------------------------------------------------------------------
 
     def _setup(self) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         from storage.checkpoints import CheckpointStore
-        from storage.shards import ShardReader
+        from storage.shard_reader import ShardReader
 
         cfg, tcfg = self.cfg, self.cfg.train
         hf_logging.disable_progress_bar()
@@ -177,53 +129,11 @@ class Trainer:
                 tcfg.distributed, timeout_s=max(1800.0, tcfg.data_wait_timeout_s + 600)
             )
         ctx = self.ctx
-        seed = cfg.seed + ctx.rank
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-
-        path, trust = cfg.model.path, cfg.model.trust_remote_code
-        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust)
-        self.hf_config = model.config
-        self.generation_config = getattr(model, "generation_config", None)
-        self.architecture = type(model).__name__
-        self.tied = tied_aliases(model)
-        if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if self.lora:  # before DDP/FSDP2 wrapping: they see the frozen base and the trainable adapter
-            model = apply_lora(model, tcfg.lora, seed=cfg.seed)
-        self.ref_model: torch.nn.Module | None = None
-        if tcfg.kl_ctl > 0 and not self.lora:  # the frozen initial policy, from model.path (also on resume)
-            ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust)
-            self.ref_model = D.freeze_reference(ref, ctx)
-        self.model = D.wrap_model(model, ctx, bf16=tcfg.dtype == "bfloat16")
-        if tcfg.kl_ctl > 0 and self.lora:  # the base = the policy without its adapter: no second copy
-            self.ref_model = AdapterDisabled(self.model)
-        self.optimizer = build_optimizer(
-            self.model.named_parameters(),
-            lr=tcfg.lr,
-            weight_decay=tcfg.weight_decay,
-            betas=(float(tcfg.adam_betas[0]), float(tcfg.adam_betas[1])),
-        )
-        self.scheduler = build_scheduler(
-            self.optimizer,
-            warmup_steps=tcfg.warmup_steps,
-            total_steps=tcfg.steps,
-            schedule=tcfg.lr_schedule,
-            min_lr_ratio=tcfg.min_lr_ratio,
-        )
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.actor = PolicyActor(
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            ctx,
-            tcfg,
-            temperature=cfg.rollout.generation.temperature,
-            pad_id=int(pad_id),
-            loss_max_tokens=tcfg.loss_agg_max_tokens or cfg.rollout.generation.max_new_tokens,
-        )
+        policy = build_policy(cfg, ctx)  # seeds every RNG with seed + rank first
+        self.tokenizer, self.model, self.ref_model = policy.tokenizer, policy.model, policy.ref_model
+        self.optimizer, self.scheduler, self.actor = policy.optimizer, policy.scheduler, policy.actor
+        self.hf_config, self.generation_config = policy.hf_config, policy.generation_config
+        self.architecture, self.tied = policy.architecture, policy.tied
         self.store = CheckpointStore(self.storage, ack_ttl_s=cfg.storage.ack_ttl_s)
         # Token ids are checked against the policy's vocabulary at read time: a shard holding an id the
         # embedding cannot look up is quarantined, instead of crashing this step and every restart.
@@ -260,7 +170,7 @@ class Trainer:
         return json.loads(raw)
 
     def _resume(self, step: int) -> None:
-        from storage.shards import ReaderCursor
+        from storage.shard_reader import ReaderCursor
 
         ctx = self.ctx
         assert ctx is not None
@@ -280,14 +190,8 @@ class Trainer:
         self.counters.update({k: int(v) for k, v in point.counters.items() if k in self.counters})
         if self.reader is not None:
             self.reader.cursor.update(ReaderCursor.from_json(point.cursor))
-            self._drop_replayed_logs(point.version)
+            drop_replayed_logs(self.storage, point.version)
         logger.info("resumed from resume point %d (version %d)", point.step, point.version)
-
-    def _drop_replayed_logs(self, version: int) -> None:
-        for k in self.storage.list(CONSUMED_DIR):
-            digits = k.rsplit("-", 1)[-1].removesuffix(".json")
-            if digits.isdigit() and int(digits) > version:
-                self.storage.delete(k)
 
     # --- checkpoints and resume points ----------------------------------------------------------------------
 
@@ -441,9 +345,8 @@ class Trainer:
             if not self.stop_event.is_set():
                 assert self.collector is not None
                 self._waiting_for_data = True
-                got = self.collector.collect(
-                    cfg.train.batch_size, min_head_version=self.version - cfg.rollout.max_staleness
-                )
+                oldest = min_trainable_version(self.version, max_staleness=cfg.rollout.max_staleness)
+                got = self.collector.collect(cfg.train.batch_size, min_head_version=oldest)
                 self._waiting_for_data = False
             if got is not None:
                 batch = build_batch(got.groups, pad_id=self.actor.pad_id)
@@ -456,22 +359,11 @@ class Trainer:
             return None, info
         return (batch if batch is not None else TrainBatch.from_bytes(raw)), info
 
-    def _data_metrics(self, got: Any) -> dict[str, float]:
-        heads = [g.head_version for g in got.groups if g.head_version >= 0]
-        lags = [self.version - h for h in heads] or [0]
+    def _data_metrics(self, got: Collected) -> dict[str, float]:
         self.counters["groups_consumed"] += len(got.groups)
         self.counters["dropped_stale"] += got.dropped_stale
         self.counters["quarantined"] += got.quarantined
-        info = {
-            "staleness_mean": float(np.mean(lags)),
-            "staleness_max": float(max(lags)),
-            "dropped_stale": float(got.dropped_stale),
-            "quarantined": float(got.quarantined),
-            "data_wait_s": got.wait_s,
-        }
-        if got.commit_latency_s:
-            info["commit_to_consume_s"] = float(np.mean(got.commit_latency_s))
-        return info
+        return data_metrics(got, self.version)
 
     def _step(self) -> bool:
         """One training step; False if stopped before it began."""
@@ -512,7 +404,7 @@ class Trainer:
         if ctx.is_main:
             self._step_cursor = self._pending_cursor
             self.storage.put_json(
-                consumed_key(self.version),
+                keys.consumed_key(self.version),
                 {
                     "step": self.version,
                     "groups": [g.group_id for g in batch.groups],
@@ -528,23 +420,15 @@ class Trainer:
         step_s = take_s + time.perf_counter() - t0  # the hooks' time is not the trainer's
         self.clock.enter("other")
         if ctx.is_main:
-            metrics = {
-                **stats,
-                **info,
-                "version": float(self.version),
-                "reward_mean": float(batch.rewards.mean().item()),
-                "reward_std": float(batch.rewards.std().item()) if batch.n_seqs > 1 else 0.0,
-                "adv_abs_mean": float(batch.advantages.abs().mean().item()),
-                "groups": float(len(batch.groups)),
-                "signal_group_frac": len(signal) / max(1, len(batch.groups)),
-                "seqs": float(batch.n_seqs),
-                "tokens": float(batch.n_tokens),
-                "train_tokens_per_s": batch.n_tokens / max(compute_s, 1e-9),
+            times = {
                 "take_time_s": take_s,
                 "compute_time_s": compute_s,
                 "checkpoint_time_s": time.perf_counter() - t1,
                 "step_time_s": step_s,
             }
+            metrics = step_metrics(
+                stats, info, batch, version=self.version, n_signal=len(signal), times=times
+            )
             self.metrics.log(metrics, step=self.version)
             logger.debug(
                 "v%d loss=%.4f reward=%.3f kl~%.4f clip=%.3f %.0f tok/s",

@@ -61,9 +61,19 @@ from rollflow.agents.recorder import EpisodeLimits, EpisodeRecorder, SegmentPoli
 from rollflow.agents.tool_calls import TOOL_FORMATS, ToolFormat
 from rollflow.api.errors import RewardInfrastructureError
 from rollflow.api.inference import InferenceClient, SamplingParams
+from rollflow.api.rewards import RewardFn, RewardScorer
+from rollflow.api.tokenizer import ChatTokenizer
 from rollflow.api.workflow import RolloutWorkflow, import_string
 from rollflow.rewards.protocol import RewardValueError, check_reward
-from rollflow.workflows.rlvr import ChatTokenizer, RewardScorer, load_tokenizer, merge_samples, sampling_from
+from rollflow.rollout.staleness import is_stale, min_trainable_version
+from rollflow.workflows.blocks import load_tokenizer, merge_samples, sampling_from
+from rollflow.workflows.scoring import (
+    close_scorer,
+    judge_outcome,
+    open_scorer,
+    passthrough,
+    raise_if_unscored,
+)
 from storage.schema import TrajectoryGroup, TrajectoryRow
 
 logger = logging.getLogger(__name__)
@@ -81,7 +91,7 @@ class AgentWorkflow(RolloutWorkflow):
         sampling: SamplingParams | dict[str, Any] | None = None,
         group_size: int = 4,
         *,
-        reward_fn: str | Callable[..., float] | None = None,
+        reward_fn: str | RewardFn | Callable[..., float] | None = None,
         reward_runner: RewardScorer | None = None,
         reward_workers: int = 2,
         reward_timeout_s: float = 10.0,
@@ -133,9 +143,9 @@ class AgentWorkflow(RolloutWorkflow):
         self.episode_timeout_s = episode_timeout_s
         self.segments: SegmentPolicy = segments
         self.counts = AgentCounts()
-        self.reward_counts = self.counts  # what rollflow.rollout.loop logs (as_metrics)
+        self.reward_counts = self.counts  # as RLVRWorkflow's: what metrics() reports
         self.endpoint = AgentEndpoint(
-            self.tokenizer,  # type: ignore[arg-type]
+            self.tokenizer,
             sampling=self.sampling,
             host=host,
             port=port,
@@ -143,15 +153,9 @@ class AgentWorkflow(RolloutWorkflow):
             counts=self.counts,
             tool_format=tool_format,
         )
-        self._reward_spec = reward_fn
-        self._owns_runner = reward_runner is None and reward_fn is not None
-        if reward_runner is None and reward_fn is not None:
-            from rollflow.rewards.inprocess import reward_runner_for
-
-            reward_runner = reward_runner_for(
-                reward_fn, max_workers=reward_workers, timeout_s=reward_timeout_s
-            )
-        self.reward_runner = reward_runner
+        self.reward_runner, self._owns_runner = open_scorer(
+            reward_fn, reward_runner, workers=reward_workers, timeout_s=reward_timeout_s
+        )
         self._is_async = inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(
             getattr(self.agent, "__call__", None)  # noqa: B004 (an object with async __call__)
         )
@@ -232,7 +236,9 @@ class AgentWorkflow(RolloutWorkflow):
             return None
         lim = self.limits
         head, version = rec.head_version(), int(handle.client.get_version())
-        if lim.max_staleness is not None and 0 <= head < version - lim.max_staleness:
+        if lim.max_staleness is not None and is_stale(
+            head, min_trainable_version(version, max_staleness=lim.max_staleness)
+        ):
             rec.drop(
                 "stale",
                 f"oldest token of version {head}, policy at {version}, max_staleness={lim.max_staleness}",
@@ -267,24 +273,21 @@ class AgentWorkflow(RolloutWorkflow):
             completion = str(transcript[-1].get("content") or "")
         else:
             prompt, completion = last.prompt_text or "", last.text
-        extra = {k: v for k, v in data.items() if k not in ("messages", "answer", "prompt_id")}
         assert self.reward_runner is not None
         outcome = await self.reward_runner.ascore(
-            prompt, completion, data.get("answer"), transcript=transcript, **extra
+            prompt, completion, data.get("answer"), transcript=transcript, **passthrough(data)
         )
-        if getattr(outcome, "infra_error", False):
-            raise RewardInfrastructureError(f"reward of prompt {data.get('prompt_id')!r}: {outcome.error}")
+        raise_if_unscored([outcome], data.get("prompt_id"))
+        score, info = judge_outcome(outcome)
         self.counts.reward_scored += 1
-        info: dict[str, Any] = {}
-        if getattr(outcome, "timed_out", False):
-            self.counts.reward_timeouts += 1
-            info["reward_timed_out"] = True
-        if getattr(outcome, "error", None):
-            self.counts.reward_errors += 1
-            info["reward_error"] = str(outcome.error)[:500]
-        return (float(outcome.score) if not info else 0.0), info
+        self.counts.reward_timeouts += "reward_timed_out" in info
+        self.counts.reward_errors += "reward_error" in info
+        return score, info
 
     # --- lifecycle -------------------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        return self.counts.as_metrics()
 
     async def aclose(self) -> None:
         """Stop the endpoint (on its loop), the agent threads and the reward runner this workflow started."""
@@ -307,8 +310,6 @@ class AgentWorkflow(RolloutWorkflow):
             self._threads.shutdown(wait=False, cancel_futures=True)
             self._threads = None
         if self._owns_runner and self.reward_runner is not None:
-            close = getattr(self.reward_runner, "close", None)
-            if close is not None:
-                with contextlib.suppress(Exception):
-                    close()
+            with contextlib.suppress(Exception):
+                close_scorer(self.reward_runner)
             self.reward_runner = None

@@ -1,8 +1,9 @@
 """Build the rollout workflow a config names: ``build_workflow(cfg)`` and ``sampling_params(cfg)``.
 
-What it is: the one place that turns ``rollout.workflow`` (a ``module:Class`` or ``module:function``) plus
-``rollout.workflow_kwargs`` into a ``RolloutWorkflow``, handing it the standard arguments it accepts, and the
-one place that turns ``rollout.generation`` into ``SamplingParams``. What it is not: a workflow (those live
+What it is: the one place that turns ``rollout.workflow`` (a ``module:Class``) plus
+``rollout.workflow_kwargs`` into a ``RolloutWorkflow``, handing it the standard arguments it accepts
+(a ``workflow_kwargs`` key it does not accept is a ``ConfigError`` naming it), and the one place that
+turns ``rollout.generation`` into ``SamplingParams``. What it is not: a workflow (those live
 beside it in ``rollflow/workflows/``), nor the loop that runs one (``rollflow/rollout/``).
 """
 
@@ -12,6 +13,7 @@ import inspect
 from typing import Any
 
 from rollflow.api.config import ExperimentConfig
+from rollflow.api.errors import ConfigError
 from rollflow.api.inference import SamplingParams
 from rollflow.api.workflow import RolloutWorkflow, import_string, resolve_workflow
 
@@ -33,8 +35,13 @@ def build_workflow(cfg: ExperimentConfig, *, tokenizer: Any = None) -> RolloutWo
     """``rollout.workflow`` built with the standard kwargs it accepts, plus ``rollout.workflow_kwargs``.
 
     Standard kwargs: reward_fn, tokenizer (default: ``model.path``), sampling, group_size,
-    reward_workers, reward_timeout_s. A class without ``**kwargs`` only gets those it names; one that
-    names ``max_staleness`` (``AgentWorkflow``: a per-episode bound) gets ``rollout.max_staleness``.
+    reward_workers, reward_timeout_s, and max_staleness (``AgentWorkflow``: a per-episode bound). A class
+    without ``**kwargs`` only gets those it names; ``workflow_kwargs`` override them.
+
+    Raises:
+        ConfigError: ``rollout.workflow_kwargs`` names an argument the workflow does not take (the
+            message names them and lists the ones it does).
+        WorkflowImportError: ``rollout.workflow`` does not name a ``RolloutWorkflow`` subclass.
     """
     cls = import_string(cfg.rollout.workflow)
     standard: dict[str, Any] = {
@@ -44,11 +51,31 @@ def build_workflow(cfg: ExperimentConfig, *, tokenizer: Any = None) -> RolloutWo
         "group_size": cfg.rollout.group_size,
         "reward_workers": cfg.rollout.reward_workers,
         "reward_timeout_s": cfg.rollout.reward_timeout_s,
+        "max_staleness": cfg.rollout.max_staleness,
     }
+    extra = dict(cfg.rollout.workflow_kwargs)
     if isinstance(cls, type):
-        params = {} if cls.__init__ is object.__init__ else inspect.signature(cls.__init__).parameters
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            standard = {k: v for k, v in standard.items() if k in params}
-        if "max_staleness" in params:
-            standard["max_staleness"] = cfg.rollout.max_staleness
-    return resolve_workflow(cls, **{**standard, **cfg.rollout.workflow_kwargs})
+        named, takes_any = workflow_arguments(cls)
+        if not takes_any:
+            standard = {k: v for k, v in standard.items() if k in named}
+            unknown = sorted(set(extra) - set(named))
+            if unknown:
+                verb = "is not an argument" if len(unknown) == 1 else "are not arguments"
+                raise ConfigError(
+                    "rollout.workflow_kwargs",
+                    f"{', '.join(unknown)} {verb} of {cfg.rollout.workflow}; it takes "
+                    f"{', '.join(named) or 'no arguments'}. Remove or rename them",
+                )
+        elif "max_staleness" not in named:  # the per-episode bound goes only to a workflow that names it
+            del standard["max_staleness"]
+    return resolve_workflow(cls, **{**standard, **extra})
+
+
+def workflow_arguments(cls: type) -> tuple[list[str], bool]:
+    """The keyword arguments ``cls(...)`` names, in signature order, and whether it takes ``**kwargs``."""
+    if cls.__init__ is object.__init__:  # type: ignore[misc]
+        return [], False
+    params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = [name for name, p in params.items() if name != "self" and p.kind in keyword]
+    return named, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

@@ -1,8 +1,8 @@
 """MultiTurnWorkflow: answer, get told it is wrong, try again -- with a discount per extra turn.
 
-What it is: ``RLVRWorkflow`` whose every sample is a short conversation. After a turn whose score is
-below ``success_threshold`` the assistant's answer and a feedback user turn are appended and the model
-is asked again, up to ``max_turns``. The final reward is
+What it is: a workflow whose every sample is a short conversation. After a turn whose score is below
+``success_threshold`` the assistant's answer and a feedback user turn are appended and the model is
+asked again, up to ``max_turns``. The final reward is
 
     reward = score(last turn) * turn_discount ** (n_turns - 1)
 
@@ -10,59 +10,97 @@ Every turn of a sample uses one rid, so the client keeps it on the same server (
 
 Tokens are never re-tokenized: the sequence is the exact tokens the model produced, joined by the
 template's text between turns (closing the assistant turn, the feedback turn, the next generation
-prompt), which is tokenized on its own. The template delta is found by rendering the conversation with a
-sentinel as the assistant's content and taking what follows it. Per token ``[T]``:
+prompt), which is tokenized on its own (``blocks.turn_delta_ids``). Per token ``[T]``:
 
     loss_mask = 1 on the model's tokens of every turn, 0 on the prompt, template and feedback tokens
     versions  = the generating version on model tokens, -1 elsewhere; logprobs 0.0 where loss_mask = 0
 
 Example, two turns (P prompt, O1/O2 outputs, E env delta): mask = [0]*P + [1]*O1 + [0]*E + [1]*O2.
 
-What it is not: a tool-calling agent; it has no environment beyond the feedback sentence.
+A sample is a composition of the building blocks (``rollflow.workflows.blocks``): encode the prompt,
+then per turn generate, score and, on a wrong answer, add the template delta; build the row; merge the
+samples into a group. Scoring, aborted samples and a dead reward worker follow ``RLVRWorkflow``'s rules.
+
+What it is not: a tool-calling agent (``AgentWorkflow``); it has no environment beyond the feedback
+sentence.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from rollflow.api.errors import RewardInfrastructureError
-from rollflow.api.inference import GenerateRequest, InferenceClient
-from rollflow.workflows.rlvr import RLVRWorkflow, check_result, merge_samples, render_chat
+from rollflow.api.inference import InferenceClient, SamplingParams
+from rollflow.api.rewards import RewardFn, RewardScorer
+from rollflow.api.tokenizer import ChatTokenizer
+from rollflow.api.workflow import RolloutWorkflow, import_string
+from rollflow.workflows.blocks import (
+    TokenTrace,
+    decode,
+    encode_prompt,
+    generate_turn,
+    load_tokenizer,
+    merge_samples,
+    sampling_from,
+    turn_delta_ids,
+)
+from rollflow.workflows.scoring import RewardScoring
 from storage.schema import TrajectoryGroup, TrajectoryRow
 
-_SENTINEL = "\u2063ROLLFLOW-ASSISTANT-TURN\u2063"
 DEFAULT_FEEDBACK = "Your answer is not correct. Please try to answer it again."
 
 
-class MultiTurnWorkflow(RLVRWorkflow):
-    """Retry after a wrong answer (see the module docstring). Other arguments as ``RLVRWorkflow``."""
+class MultiTurnWorkflow(RolloutWorkflow):
+    """Retry after a wrong answer (see the module docstring)."""
 
     def __init__(
         self,
-        *args: Any,
+        reward_fn: str | RewardFn | Callable[..., float],
+        tokenizer: ChatTokenizer | str,
+        sampling: SamplingParams | dict[str, Any] | None = None,
+        group_size: int = 8,
+        *,
         max_turns: int = 2,
         turn_discount: float = 0.9,
         feedback: str = DEFAULT_FEEDBACK,
         success_threshold: float = 1.0,
-        **kwargs: Any,
+        reward_runner: RewardScorer | None = None,
+        reward_workers: int = 2,
+        reward_timeout_s: float = 10.0,
     ) -> None:
+        """
+        Args:
+            reward_fn, tokenizer, sampling, group_size, reward_runner, reward_workers, reward_timeout_s:
+                as ``RLVRWorkflow``.
+            max_turns: model turns per sample at most.
+            turn_discount: the reward's factor per extra turn, in (0, 1].
+            feedback: the user turn added after a wrong answer.
+            success_threshold: a turn scoring at least this ends the sample.
+        """
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if not 0 < turn_discount <= 1:
             raise ValueError(f"turn_discount must be in (0, 1], got {turn_discount}")
-        super().__init__(*args, **kwargs)
-        self.max_turns = max_turns
-        self.turn_discount = turn_discount
-        self.feedback = feedback
-        self.success_threshold = success_threshold
+        self.reward_fn = import_string(reward_fn) if isinstance(reward_fn, str) else reward_fn
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.sampling = sampling_from(sampling)
+        self.group_size = group_size
+        self.max_turns, self.turn_discount = max_turns, turn_discount
+        self.feedback, self.success_threshold = feedback, success_threshold
+        self.scoring = RewardScoring(
+            reward_fn, reward_runner, workers=reward_workers, timeout_s=reward_timeout_s
+        )
+        self.reward_runner, self.reward_counts = self.scoring.runner, self.scoring.counts
 
     async def arun_episode(self, client: InferenceClient, data: dict[str, Any]) -> TrajectoryGroup | None:
         """``group_size`` concurrent multi-turn samples of one prompt, merged into one group."""
-        messages = list(data["messages"])
-        prompt_ids = self.encode_prompt(messages)
+        prompt_id, messages = str(data["prompt_id"]), list(data["messages"])
+        prompt_ids = encode_prompt(self.tokenizer, messages)
         results = await asyncio.gather(
             *(self.asample(client, data, messages, prompt_ids) for _ in range(self.group_size)),
             return_exceptions=True,
@@ -72,11 +110,11 @@ class MultiTurnWorkflow(RLVRWorkflow):
                 raise result
         lost = [r for r in results if isinstance(r, RewardInfrastructureError)]
         if lost:
-            self.drop_for_reward_infra(str(data["prompt_id"]), lost[0])
+            self.scoring.drop_group(prompt_id, lost[0])
             return None
         samples = [r for r in results if not isinstance(r, BaseException)]
         self.reward_counts.dropped_samples += sum(s is None for s in samples)
-        return merge_samples(str(data["prompt_id"]), samples)
+        return merge_samples(prompt_id, samples)
 
     async def asample(
         self,
@@ -85,73 +123,45 @@ class MultiTurnWorkflow(RLVRWorkflow):
         messages: list[dict[str, str]],
         prompt_ids: list[int],
     ) -> list[TrajectoryRow] | None:
+        """One conversation: its row, or None when the client gave up on a turn.
+
+        Raises:
+            RewardInfrastructureError: no reward worker could score a turn.
+        """
         rid = uuid.uuid4().hex  # one rid for every turn: same server, reusable prefix cache
         history = list(messages)
-        seq = list(prompt_ids)  # [T] exact tokens so far
-        mask = [0] * len(seq)
-        logps = [0.0] * len(seq)
-        versions = [-1] * len(seq)
-        score, info, finish, completion = 0.0, {}, "stop", ""
-        n_turns = 0
+        tokens = TokenTrace.of_prompt(prompt_ids)  # [T] exact tokens so far
+        score, info, finish, completion, n_turns = 0.0, {}, "stop", "", 0
         for turn in range(self.max_turns):
             if turn > 0:
-                env_ids = self.env_delta_ids(history, last_output_token=seq[-1])
-                history += [
-                    {"role": "assistant", "content": completion},
-                    {"role": "user", "content": self.feedback},
-                ]
-                seq += env_ids
-                mask += [0] * len(env_ids)
-                logps += [0.0] * len(env_ids)
-                versions += [-1] * len(env_ids)
-            res = await client.agenerate(GenerateRequest(list(seq), self.sampling, rid=rid))
-            check_result(res)
+                feedback = [{"role": "user", "content": self.feedback}]
+                tokens.add_context(
+                    turn_delta_ids(
+                        self.tokenizer, history, feedback,
+                        last_output_token=tokens.input_ids[-1], stop_token_ids=self.sampling.stop_token_ids,
+                    )
+                )  # fmt: skip
+                history += [{"role": "assistant", "content": completion}, *feedback]
+            res = await generate_turn(client, tokens.input_ids, self.sampling, rid)
             if res.finish_reason == "abort":
                 return None
-            n_turns = turn + 1
-            seq += res.output_ids
-            mask += [1] * len(res.output_ids)
-            logps += list(res.output_logprobs)
-            versions += list(res.output_versions)
-            finish = res.finish_reason
-            completion = self.decode(res.output_ids)
-            score, info = await self.ascore(messages, completion, data)
+            n_turns, finish = turn + 1, res.finish_reason
+            tokens.add_output(res)
+            completion = decode(self.tokenizer, res.output_ids)
+            score, info = await self.scoring.ascore(messages, completion, data)
             if score >= self.success_threshold or not res.output_ids:
                 break
         reward = score * self.turn_discount ** (n_turns - 1)
-        row = TrajectoryRow.build(
-            traj_id="pending",
-            group_id="pending",
-            prompt_id=str(data["prompt_id"]),
-            input_ids=seq,
-            loss_mask=mask,
-            logprobs=logps,
-            versions=versions,
-            reward=reward,
-            finish_reason=finish,
-            n_turns=n_turns,
-            extra=json.dumps({**info, "last_turn_score": score}),
-        )
-        return [row]
-
-    def env_delta_ids(self, history: list[dict[str, str]], *, last_output_token: int) -> list[int]:
-        """Tokens between the assistant's last output and the next generation: close + feedback + prompt.
-
-        If the model stopped on a special token that the template puts there anyway (its end-of-turn
-        EOS), that text is not repeated.
-        """
-        convo = [
-            *history,
-            {"role": "assistant", "content": _SENTINEL},
-            {"role": "user", "content": self.feedback},
+        extra = {**info, "last_turn_score": score}
+        return [
+            tokens.to_row(
+                str(data["prompt_id"]), reward=reward, finish_reason=finish, n_turns=n_turns, extra=extra
+            )
         ]
-        text = render_chat(self.tokenizer, convo, add_generation_prompt=True)
-        if _SENTINEL not in text:
-            raise ValueError("the chat template drops the assistant's content; multi-turn needs it rendered")
-        after = text.split(_SENTINEL, 1)[1]
-        stops = set(getattr(self.tokenizer, "all_special_ids", [])) | set(self.sampling.stop_token_ids)
-        if last_output_token in stops:
-            closing = self.tokenizer.decode([last_output_token], skip_special_tokens=False)
-            if closing and after.startswith(closing):
-                after = after[len(closing) :]
-        return list(self.tokenizer.encode(after, add_special_tokens=False))
+
+    def metrics(self) -> dict[str, float]:
+        return self.reward_counts.as_metrics()
+
+    def close(self) -> None:
+        """Stop the reward process pool this workflow started."""
+        self.scoring.close()

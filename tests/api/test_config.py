@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rollflow.api.config import ExperimentConfig, is_loopback_host
+from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import ConfigError
+from rollflow.api.net import is_loopback_host
 from rollflow.configuration.loader import flat_params, load_config, render_docs, to_yaml
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from rollflow.api import stores
-from rollflow.inference.client import EngineClient
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
 from storage.shard_reader import ShardReader
@@ -24,7 +23,6 @@ PAIRS = [
     (stores.ShardSource, ShardReader),
     (stores.CheckpointSink, CheckpointStore),
     (stores.CheckpointSource, CheckpointStore),
-    (stores.VersionProvider, EngineClient),
 ]
 
 

@@ -76,7 +76,7 @@ def test_nested_attribute_path() -> None:
         ("justaname", "is not an import string"),
         (":Name", "is not an import string"),
         ("rollflow.api.errors:RollflowError", "not a RolloutWorkflow subclass"),
-        ("rollflow.workflows.rlvr:merge_samples", "not a RolloutWorkflow subclass"),
+        ("rollflow.workflows.blocks:merge_samples", "not a RolloutWorkflow subclass"),
     ],
 )
 def test_bad_strings_name_what_could_not_be_resolved(spec: str, fragment: str) -> None:

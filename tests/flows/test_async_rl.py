@@ -22,7 +22,7 @@ def test_async_rl_learns_and_reports(
 ) -> None:
     from flows.async_rl import async_rl
     from storage.fs import Storage
-    from storage.shards import ShardReader
+    from storage.shard_reader import ShardReader
 
     monkeypatch.chdir(ROOT)
     mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -82,7 +82,7 @@ def test_async_rl_learns_and_reports(
     assert summary["mlflow_run_url"].startswith("http") and run.info.run_id in summary["mlflow_run_url"]
 
     # Re-running the finished trial is an explicit resume that changes nothing.
-    from tasks.trials import TrialExistsError
+    from rollflow.trials import TrialExistsError
 
     with pytest.raises(TrialExistsError):
         async_rl(config="configs/tiny_cpu.yaml", overrides=overrides, trial="flow-test")

@@ -147,7 +147,7 @@ def test_two_rollout_workers_and_a_trainer_as_deployment_runs(
 ) -> None:
     from flows.async_rl import async_rl
     from storage.fs import Storage
-    from storage.shards import ShardReader
+    from storage.shard_reader import ShardReader
 
     monkeypatch.chdir(ROOT)
     fleet = _start_fleet("dist-test", s3_server, prefect_env, monkeypatch, mlflow_server, tmp_path)
@@ -245,7 +245,7 @@ def test_kill_9_one_rollout_worker_and_the_run_completes(
     from flows.async_rl import async_rl
     from storage import keys
     from storage.fs import Storage
-    from storage.shards import ShardReader
+    from storage.shard_reader import ShardReader
 
     monkeypatch.chdir(ROOT)
     fleet = _start_fleet("dist-fault", s3_server, prefect_env, monkeypatch, mlflow_server, tmp_path)

@@ -12,10 +12,10 @@ import logging
 from pathlib import Path
 
 from rollflow.configuration.loader import load_config
+from rollflow.trials import trial_state
 from storage.checkpoints import CheckpointStore
 from storage.finalization import read_finalized
 from storage.fs import Storage
-from tasks.trials import trial_state
 
 
 def test_a_trial_finalized_before_records_existed_only_gets_its_record(tmp_path: Path) -> None:

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from storage.finalization import mark_finalized
-from storage.fs import Storage
-from tasks.trials import (
+from rollflow.trials import (
     NothingToResumeError,
     TrialExistsError,
     choose_trial,
     expand_trial_name,
     named_in_overrides,
 )
+from storage.finalization import mark_finalized
+from storage.fs import Storage
 
 
 def _opener(root: Path):

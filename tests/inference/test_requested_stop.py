@@ -45,7 +45,7 @@ def test_stop_removes_the_scratch_directory(tiny_model_dir: Path) -> None:
 def test_a_requested_stop_is_quiet(
     tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tasks.rollout import FleetLink
+    from rollflow.inference.fleet_link import FleetLink
 
     group = launch_local_servers(InferenceConfig(n_servers=1, startup_timeout_s=90), tiny_model_dir)
     supervisor = group.supervise(max_restarts=3, interval_s=0.1)

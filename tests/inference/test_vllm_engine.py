@@ -211,7 +211,7 @@ def test_checkpoints_that_do_not_load_keep_the_old_weights(
 def test_kill_9_mid_run_restarts_and_loses_nothing(
     vllm_server: Any, vllm_models: Any, vllm_lib: Any, tmp_path: Path
 ) -> None:
-    from tasks.rollout import FleetLink
+    from rollflow.inference.fleet_link import FleetLink
 
     store = _store(tmp_path)
     store.publish(vllm_models.a, 0)

@@ -266,7 +266,7 @@ def test_sidecar_cli_updates_the_servers_and_stops_on_sigterm(
     store.publish(tiny_model_dir_b, 5)
     root = store.storage.root_uri.rsplit("/exp/trial", 1)[0]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rollflow.inference.watcher", "--storage-root", root, "--experiment", "exp",
+        [sys.executable, "-m", "infra.watcher_sidecar", "--storage-root", root, "--experiment", "exp",
          "--trial", "trial", "--servers", addr, "--cache-dir", str(tmp_path / "c"), "--poll-interval-s", "0.1"],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

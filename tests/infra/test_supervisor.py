@@ -211,7 +211,7 @@ def _serving_v1(
 
 def _fleet_link(group: Any, watcher: CheckpointWatcher) -> Any:
     """The rollout task's link from the supervisor to the client's routing and the watcher."""
-    from tasks.rollout import FleetLink
+    from rollflow.inference.fleet_link import FleetLink
 
     return FleetLink(SimpleNamespace(pool=ServerPool(group.addresses)), watcher)
 
@@ -260,7 +260,7 @@ def test_acks_of_a_watcher_process_killed_with_its_flow_hold_nothing_back(
     store = CheckpointStore(storage, ack_ttl_s=300.0)
     store.publish(tiny_model_dir, 0)  # what the shared server serves: the sidecar acks it, loads nothing
     cmd = [
-        sys.executable, "-m", "rollflow.inference.watcher", "--storage-root", str(root), "--experiment", "exp",
+        sys.executable, "-m", "infra.watcher_sidecar", "--storage-root", str(root), "--experiment", "exp",
         "--trial", "trial", "--servers", cpu_server.addresses[0], "--cache-dir", str(tmp_path / "cache"),
         "--poll-interval-s", "0.2",
     ]  # fmt: skip

@@ -6,8 +6,8 @@ import pytest
 
 from rollflow.api.errors import ConfigError, LoopFailedError, NotResumableError, RewardFunctionError
 from rollflow.auto_resume import AutoResumeBudget, not_resumable_reason, trial_of_flow_run
-from rollflow.rollout.loop import check_reward_fn
-from rollflow.workflows.rlvr import RewardCounts
+from rollflow.rollout.worker_report import check_reward_fn
+from rollflow.workflows.scoring import RewardCounts
 from storage.errors import CheckpointIntegrityError
 from storage.fs import Storage
 
@@ -48,11 +48,12 @@ def test_failures_a_resume_would_repeat_say_why_and_others_are_resumable() -> No
 
 def test_a_reward_function_raising_on_every_call_is_broken() -> None:
     counts = RewardCounts(scored=63, errors=63)
-    check_reward_fn(counts)  # not yet enough calls to say
+    check_reward_fn(counts.as_metrics())  # not yet enough calls to say
     counts.scored = counts.errors = 64
     with pytest.raises(RewardFunctionError, match="raised on all 64"):
-        check_reward_fn(counts)
-    check_reward_fn(RewardCounts(scored=64, errors=63))  # one call scored: not broken
+        check_reward_fn(counts.as_metrics())
+    check_reward_fn(RewardCounts(scored=64, errors=63).as_metrics())  # one call scored: not broken
+    check_reward_fn({})  # a workflow that scores nothing
 
 
 def test_outside_a_deployment_run_a_failure_that_cannot_heal_is_raised_as_it_is() -> None:

@@ -1,4 +1,4 @@
-"""WorkflowExecutor with a 10-line fake client: capacity, staleness, failures, filters, writer, sync facade.
+"""WorkflowExecutor with a 10-line fake client: capacity, staleness, failures, filters, writer, collected groups.
 
 The integration with the real CPU inference server is in test_loop.py.
 """
@@ -15,7 +15,6 @@ from rollflow.api.errors import RolloutFailureError
 from rollflow.api.inference import GenerateRequest, GenerateResult
 from rollflow.api.workflow import RolloutWorkflow
 from rollflow.rollout.executor import WorkflowExecutor
-from rollflow.rollout.executor_thread import ThreadedExecutor
 from rollflow.rollout.staleness import StalenessManager
 from storage.schema import TrajectoryGroup, TrajectoryRow
 
@@ -326,34 +325,15 @@ def test_close_cancels_running_episodes() -> None:
     asyncio.run(main())
 
 
-def test_sync_facade_for_the_embedded_mode() -> None:
-    ex0, _, _ = _executor(FakeClient(), max_concurrent=2, staleness=0, batch=2)
-    ex = ThreadedExecutor(ex0)
-    ex.start()
-    try:
-        groups = ex.rollout_batch([{"i": i} for i in range(2)], timeout=10)
-        assert [g.prompt_id for g in groups] == ["0", "1"]
-        ex0.client.version = 2  # type: ignore[attr-defined]  # the trainer consumed two batches
-        rows = iter({"i": 10 + i} for i in range(100))
-        batch = ex.prepare_batch(rows, 2, timeout=10)
-        assert len(batch) == 2 and all(int(g.prompt_id) >= 10 for g in batch)
-        # capacity at version 2: (0 + 2 + 1) * 2 = 6 groups ever -> 2 + 2 + at most 2 buffered
-        assert ex0.staleness.stat.submitted <= 6
-    finally:
-        ex.stop()
-    with pytest.raises(RuntimeError, match="call start"):
-        ex.rollout_batch([{"i": 0}])
+def test_untracked_submits_are_collected_oldest_first_for_await_results() -> None:
+    async def main() -> None:
+        ex, _, _ = _executor(FakeClient(), max_concurrent=2)
+        async with ex:
+            for i in range(3):
+                assert await ex.asubmit({"i": i}, track=False) is None
+            got = await ex.await_results(3, timeout=10)
+            assert sorted(g.prompt_id for g in got) == ["0", "1", "2"]
+            with pytest.raises(TimeoutError):
+                await ex.await_results(1, timeout=0.1)
 
-
-def test_sync_submit_and_wait_collect_untracked_groups() -> None:
-    ex = ThreadedExecutor(_executor(FakeClient(), max_concurrent=2)[0])
-    ex.start()
-    try:
-        for i in range(3):
-            ex.submit({"i": i})
-        got = ex.wait(3, timeout=10)
-        assert sorted(g.prompt_id for g in got) == ["0", "1", "2"]
-        with pytest.raises(TimeoutError):
-            ex.wait(1, timeout=0.1)
-    finally:
-        ex.stop()
+    asyncio.run(main())

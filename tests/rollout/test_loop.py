@@ -21,7 +21,8 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import DatasetRowError, RolloutFailureError
 from rollflow.api.inference import GenerateRequest, GenerateResult, SamplingParams
 from rollflow.api.workflow import RolloutWorkflow
-from rollflow.rollout.loop import check_row, run_rollout_loop
+from rollflow.rollout.loop import run_rollout_loop
+from rollflow.rollout.prompt_rows import check_row
 from rollflow.rollout.prompt_source import ClaimedPrompts
 from rollflow.workflows.factory import build_workflow
 from rollflow.workflows.rlvr import RLVRWorkflow
@@ -426,7 +427,7 @@ def test_loop_on_the_real_server_survives_hanging_rewards_bad_rows_and_failing_e
 
 
 def test_rollout_state_precedence() -> None:
-    from rollflow.rollout.loop import rollout_state
+    from rollflow.rollout.worker_report import rollout_state
 
     assert rollout_state(8, 0, loading=True) == "paused"  # a weight load has the servers paused
     assert rollout_state(8, 0, loading=False) == "generating"  # at the bound, but the servers work

@@ -20,7 +20,7 @@ from rollflow.api.inference import GenerateRequest, GenerateResult
 from rollflow.rollout.loop import run_rollout_loop
 from storage.fs import Storage
 from storage.group_ledger import GroupLedger
-from storage.prompt_claims import CLAIM_DIR
+from storage.keys import CLAIM_DIR
 from storage.shard_reader import ShardReader
 
 

@@ -1,5 +1,5 @@
 """RLVRWorkflow and MultiTurnWorkflow against the real CPU inference server (tiny random Llama), plus
-grouped-rollout rules and reward failures with small fakes.
+the rules for aborted samples and reward failures with small fakes.
 
 The strongest check here is teacher forcing: the behaviour logprobs stored on every loss token equal a
 full forward pass of the model over the stored sequence. That holds only if the stored tokens are
@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from rollflow.api.inference import GenerateRequest, GenerateResult, SamplingParams
-from rollflow.api.workflow import RolloutWorkflow
-from rollflow.workflows import GroupedRolloutWorkflow, MultiTurnWorkflow, RLVRWorkflow
+from rollflow.workflows import MultiTurnWorkflow, RLVRWorkflow
 from storage.schema import TrajectoryGroup
 
 CHAT_TEMPLATE = (
@@ -69,12 +68,13 @@ def _tokenizer(model_dir: Path) -> Any:
     return tok
 
 
-async def _with_client(addresses: list[str], fn: Any) -> Any:
+async def _with_client(addresses: list[str], fn: Any, *, record: bool = True) -> Any:
+    """``fn(client)`` with a real client (wrapped in a ``RecordingClient`` when ``record``), closed after."""
     from rollflow.inference.client import EngineClient
 
     client = EngineClient(addresses)
     try:
-        return await fn(RecordingClient(client))
+        return await fn(RecordingClient(client) if record else client)
     finally:
         await client.aclose()
 
@@ -265,32 +265,6 @@ def test_aborted_samples_are_dropped_and_an_all_aborted_group_is_rejected(tiny_m
     assert asyncio.run(wf.arun_episode(none, dict(ROW))) is None
 
 
-def test_grouped_rollout_merges_one_sample_workflows_and_drops_none() -> None:
-    class Half(RolloutWorkflow):
-        def __init__(self) -> None:
-            self.n = 0
-
-        async def arun_episode(self, client: Any, data: dict[str, Any]) -> TrajectoryGroup | None:
-            self.n += 1
-            if self.n % 2 == 0:
-                return None
-            res = await client.agenerate(GenerateRequest([1, 2]))
-            from storage.schema import TrajectoryRow
-
-            row = TrajectoryRow.build(
-                traj_id="x", group_id="g", prompt_id="q1", input_ids=[1, 2, *res.output_ids],
-                loss_mask=[0, 0, 1], logprobs=[0.0, 0.0, -0.5], versions=[-1, -1, 7], reward=1.0,
-                finish_reason="stop",
-            )  # fmt: skip
-            return TrajectoryGroup("g", "q1", [row])
-
-    grouped = GroupedRolloutWorkflow(Half(), group_size=4)
-    client = ScriptedClient(*[([9], "stop")] * 4)
-    group = asyncio.run(grouped.arun_episode(client, dict(ROW)))
-    assert group is not None and len(group.rows) == 2  # samples 2 and 4 returned None
-    assert {r.group_id for r in group.rows} == {group.group_id} and group.head_version == 7
-
-
 @pytest.mark.parametrize(
     ("error", "timed_out", "key"),
     [("ZeroDivisionError: boom", False, "reward_error"), (None, True, "reward_timed_out")],
@@ -374,3 +348,107 @@ def test_multi_turn_tokens_equal_the_rendered_conversation_with_the_embedded_tok
     assert row.input_ids == tok.encode(rendered, add_special_tokens=False)
     assert sum(row.loss_mask) == len(out1) + len(out2) + len(out3)
     assert row.n_turns == 3 and row.reward == 0.0 and row.versions.count(7) == sum(row.loss_mask)
+
+
+# --- docs/workflows.md's example, end to end ----------------------------------------------------------------
+
+EXAMPLE = "examples.workflows.length_penalty:LengthPenaltyWorkflow"
+REPO = Path(__file__).resolve().parents[2]  # examples/ is imported from the repository root
+
+
+def digits_reward_fn(prompt: str, completion: str, answer: str, **data: Any) -> float:
+    """A reward the random tiny model sometimes earns: the share of the completion's characters that are
+    digits (run in the reward runner's worker processes, by this import string)."""
+    return sum(c.isdigit() for c in completion) / max(1, len(completion))
+
+
+def test_the_documented_example_workflow_runs_end_to_end(
+    cpu_server: Any, tiny_model_dir: Path, inference_lib: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/workflows.md's example, built from a config by ``build_workflow`` and run by the rollout loop
+    against the real CPU server and reward workers: its rows reach storage with the documented reward."""
+    from rollflow.api.config import ExperimentConfig
+    from rollflow.rollout.loop import run_rollout_loop
+    from rollflow.workflows.factory import build_workflow
+    from storage.fs import Storage
+    from storage.shard_reader import ShardReader
+
+    monkeypatch.syspath_prepend(str(REPO))
+    cfg = ExperimentConfig()
+    cfg.rollout.workflow, cfg.rollout.workflow_kwargs = EXAMPLE, {"length_penalty": 0.5}
+    cfg.rollout.group_size, cfg.rollout.max_epochs, cfg.rollout.shard_flush_rows = 3, 1, 2
+    cfg.rollout.generation.max_new_tokens = 6
+    cfg.dataset.reward_fn = f"{__name__}:digits_reward_fn"
+    tok = _tokenizer(tiny_model_dir)
+    workflow = build_workflow(cfg, tokenizer=tok)
+    assert type(workflow).__name__ == "LengthPenaltyWorkflow" and workflow.group_size == 3  # type: ignore[attr-defined]
+    rows = [
+        {"prompt_id": f"q{i}", "messages": [{"role": "user", "content": q}], "answer": str(eval(q[:-2]))}
+        for i, q in enumerate(["1+1=?", "2+3=?", "4+4=?"])
+    ]
+    storage = Storage.open(str(tmp_path / "store"), "exp", "t0", {})
+
+    def loop(client: Any) -> Any:  # the rollout loop, as the rollout task runs it
+        return run_rollout_loop(cfg, storage, client, workflow=workflow, prompts=rows, poll_interval_s=0.05)
+
+    try:
+        summary = asyncio.run(_with_client(cpu_server.addresses, loop, record=False))
+        metrics = workflow.metrics()
+    finally:
+        workflow.close()
+    assert summary.stopped_by == "epochs" and summary.accepted == 3
+    groups = ShardReader(storage).take(100).groups
+    assert sorted(g.prompt_id for g in groups) == ["q0", "q1", "q2"]
+    truncated = 0
+    for group in groups:
+        assert len(group.rows) == 3
+        for row in group.rows:
+            n_out = sum(row.loss_mask)
+            p = len(row.input_ids) - n_out
+            assert row.loss_mask == [0] * p + [1] * n_out and row.versions == [-1] * p + [0] * n_out
+            completion = tok.decode(row.input_ids[p:], skip_special_tokens=True)
+            score = digits_reward_fn("", completion, "")
+            # reward = score - length_penalty * n_tokens / max_new_tokens, e.g. 0.5 - 0.5 * 4 / 6 = 1/6
+            assert row.reward == pytest.approx(score - 0.5 * n_out / 6)
+            assert '"score"' in row.extra
+            truncated += row.finish_reason == "length"
+        _assert_teacher_forced(inference_lib, tiny_model_dir, group.rows[0])
+    assert metrics["reward_scored"] == 9.0 and metrics["reward_errors"] == 0.0
+    assert metrics["completions_truncated"] == float(truncated)
+
+
+def test_unknown_workflow_kwargs_are_a_config_error_that_names_them(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollflow.api.config import ExperimentConfig
+    from rollflow.api.errors import ConfigError
+    from rollflow.workflows.factory import build_workflow
+
+    monkeypatch.syspath_prepend(str(REPO))
+    cfg = ExperimentConfig()
+    cfg.rollout.workflow = EXAMPLE
+    cfg.rollout.workflow_kwargs = {"length_penalty": 0.2, "lenght_penalty": 0.2, "max_turns": 3}
+    with pytest.raises(ConfigError) as info:
+        build_workflow(cfg, tokenizer=_tokenizer(tiny_model_dir))
+    assert str(info.value) == (
+        "config key 'rollout.workflow_kwargs': lenght_penalty, max_turns are not arguments of "
+        f"{EXAMPLE}; it takes reward_fn, tokenizer, sampling, group_size, length_penalty, reward_workers, "
+        "reward_timeout_s. Remove or rename them"
+    )
+    cfg.rollout.workflow = "rollflow.workflows.rlvr:RLVRWorkflow"
+    cfg.rollout.workflow_kwargs = {"max_turns": 3}  # a MultiTurnWorkflow argument
+    with pytest.raises(
+        ConfigError, match="max_turns is not an argument of rollflow.workflows.rlvr:RLVRWorkflow"
+    ):
+        build_workflow(cfg, tokenizer=_tokenizer(tiny_model_dir))
+
+
+def test_docs_workflows_md_shows_the_example_episode_as_it_is() -> None:
+    """docs/workflows.md quotes the example's ``arun_episode`` in full: it must not drift from the file."""
+    import textwrap
+
+    doc = (REPO / "docs" / "workflows.md").read_text()
+    quoted = doc.split("Its episode, in full:\n\n```python\n", 1)[1].split("```", 1)[0]
+    source = (REPO / "examples" / "workflows" / "length_penalty.py").read_text()
+    episode = source[source.index("    async def arun_episode") : source.index("    def metrics")]
+    assert textwrap.dedent(episode).strip() == quoted.strip()

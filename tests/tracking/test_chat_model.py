@@ -91,7 +91,7 @@ def _training_time_answer(model_dir: Path, messages: list[dict[str, str]], max_n
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollflow.workflows.rlvr import render_chat
+    from rollflow.workflows.blocks import render_chat
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -81,7 +81,7 @@ def write_groups(
     storage: Any, group_ids: list[str], *, per_shard: int = 3, version: int = 0, **kw: Any
 ) -> None:
     """Write groups as committed shards, ``per_shard`` groups per shard, in order."""
-    from storage.shards import ShardWriter
+    from storage.shard_writer import ShardWriter
 
     rng = random.Random(1234)
     w = ShardWriter(storage, "test", flush_rows=10**6, flush_seconds=3600.0)

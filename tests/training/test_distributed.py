@@ -26,9 +26,10 @@ from safetensors.torch import load_file
 
 from rollflow.api.metrics import InMemorySink
 from rollflow.configuration.loader import load_config
-from rollflow.training.trainer import Trainer, consumed_key
+from rollflow.training.trainer import Trainer
 from storage import keys
 from storage.fs import Storage
+from storage.keys import consumed_key
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

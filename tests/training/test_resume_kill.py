@@ -25,10 +25,10 @@ import pytest
 import yaml
 from helpers import write_groups
 
-from rollflow.training.trainer import consumed_key
 from storage import keys
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
+from storage.keys import consumed_key
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

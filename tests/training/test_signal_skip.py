@@ -11,10 +11,9 @@ from transformers import AutoModelForCausalLM
 
 from rollflow.api.config import TrainConfig
 from rollflow.training.actor import PolicyActor
-from rollflow.training.batching import build_batch
+from rollflow.training.batching import build_batch, signal_groups
 from rollflow.training.distributed import DistContext
 from rollflow.training.microbatch import MinibatchPlan, keep_groups, plan_step
-from rollflow.training.trainer import signal_groups
 
 
 def _groups(rewards: list[list[float]]) -> list:

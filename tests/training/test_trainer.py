@@ -16,9 +16,10 @@ from rollflow.api.errors import TrainerError
 from rollflow.api.metrics import InMemorySink
 from rollflow.configuration.loader import load_config
 from rollflow.training.resume import list_resume_steps
-from rollflow.training.trainer import Trainer, consumed_key
+from rollflow.training.trainer import Trainer
 from storage import keys
 from storage.checkpoints import CheckpointStore
+from storage.keys import consumed_key
 
 
 def make_cfg(

@@ -1,4 +1,4 @@
-"""Which trial a flow run works on: a fresh one by default, an existing one only on an explicit resume.
+"""Which trial a run works on: a fresh one by default, an existing one only on an explicit resume.
 
 What it is: ``choose_trial`` turns the flow's parameters into a trial name and a ``TrialPlan``:
 - no trial named (no ``trial`` parameter, no ``trial=`` override): a new name
@@ -9,17 +9,22 @@ What it is: ``choose_trial`` turns the flow's parameters into a trial name and a
   no-op that reports: it trains nothing, registers nothing and logs nothing. On a trial that is
   ``trained`` (the trainer wrote DONE.json, the finalization record is missing: stopped in between) it
   runs the missing finalization steps (``tasks.finalize``). On an unfinished trial it continues it.
-What it is not: the resume mechanics (the trainer and rollout restore their own state from storage).
+What it is not: the resume mechanics (the trainer and rollout restore their own state from storage),
+or Prefect: the flows (``flows/async_rl.py``, ``flows/preflight.py``) call it.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from rollflow.api.errors import ConfigError
+from storage.checkpoints import CheckpointStore
+from storage.finalization import read_finalized
+from storage.fs import Storage
 
 
 class TrialExistsError(ConfigError):
@@ -55,19 +60,18 @@ def named_in_overrides(overrides: list[str]) -> bool:
     return any(o.split("=", 1)[0].strip() == "trial" for o in overrides)
 
 
-def trial_state(storage: Any) -> tuple[TrialState, dict[str, Any] | None]:
+def trial_state(storage: Storage) -> tuple[TrialState, dict[str, Any] | None]:
     """new: nothing stored; finished: the finalization record exists; trained: the trainer's done
     marker exists and the record does not; unfinished: anything else."""
-    from storage.checkpoints import CheckpointStore
-    from storage.finalization import read_finalized
-
     done = CheckpointStore(storage).is_done()
     if done is not None:
         return ("finished" if read_finalized(storage) is not None else "trained"), done
     return ("unfinished" if storage.list_dirs("") else "new"), None
 
 
-def choose_trial(base: str, *, named: str | None, resume: bool, open_storage: Any) -> TrialPlan:
+def choose_trial(
+    base: str, *, named: str | None, resume: bool, open_storage: Callable[[str], Storage]
+) -> TrialPlan:
     """``base``: the config's trial; ``named``: the trial the caller asked for (None = a new one);
     ``open_storage(trial)`` opens that trial's storage."""
     if named is None:

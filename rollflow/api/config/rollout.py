@@ -1,0 +1,189 @@
+"""``rollout``: the workflow, group size, staleness bound, shards and worker leases; ``rollout.generation``.
+
+What it is not: the rollout loop (``rollflow/rollout/``); only the fields and their single-section checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollflow.api.config.fields import check, help_
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = field(default=16, metadata=help_("Completion length limit per turn."))
+    temperature: float = field(
+        default=1.0, metadata=help_("Sampling temperature for rollouts (1.0 keeps logprobs exact).")
+    )
+    top_p: float = field(default=1.0, metadata=help_("Nucleus sampling threshold (1.0 = off)."))
+    top_k: int = field(default=-1, metadata=help_("Top-k sampling (-1 = off), SGLang semantics."))
+    min_p: float = field(default=0.0, metadata=help_("Min-p sampling threshold (0 = off)."))
+    stop_token_ids: list[int] = field(
+        default_factory=list, metadata=help_("Extra token ids that end generation (EOS always does).")
+    )
+
+    def __post_init__(self) -> None:
+        check(self.max_new_tokens > 0, "rollout.generation.max_new_tokens", "must be > 0")
+        check(self.temperature >= 0, "rollout.generation.temperature", "must be >= 0 (0 = greedy)")
+        check(0 < self.top_p <= 1, "rollout.generation.top_p", "must be in (0, 1]")
+        check(self.top_k == -1 or self.top_k > 0, "rollout.generation.top_k", "must be -1 or > 0")
+        check(0 <= self.min_p < 1, "rollout.generation.min_p", "must be in [0, 1)")
+
+
+@dataclass
+class RolloutConfig:
+    workflow: str = field(
+        default="rollflow.workflows.rlvr:RLVRWorkflow",
+        metadata=help_("Import string of the RolloutWorkflow class."),
+    )
+    workflow_kwargs: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=help_("Extra constructor kwargs of the workflow (e.g. max_turns, turn_discount)."),
+    )
+    group_size: int = field(
+        default=8, metadata=help_("Samples per prompt; GRPO normalises rewards within a group.")
+    )
+    max_concurrent_rollouts: int = field(
+        default=64, metadata=help_("Upper bound on episodes in flight (AReaL's concurrency limit).")
+    )
+    max_staleness: int = field(
+        default=2,
+        metadata=help_(
+            "Max policy versions a trajectory may lag the trainer (AReaL's eta). 0 with "
+            "pause_during_training is the synchronous baseline."
+        ),
+    )
+    pause_during_training: bool = field(
+        default=False,
+        metadata=help_("Synchronous baseline: pause generation while the trainer runs a step."),
+    )
+    generation: GenerationConfig = field(
+        default_factory=GenerationConfig, metadata=help_("Sampling parameters.")
+    )
+    shard_flush_rows: int = field(
+        default=256, metadata=help_("Flush a trajectory shard once it holds this many rows.")
+    )
+    shard_flush_seconds: float = field(
+        default=2.0, metadata=help_("Flush a non-empty shard after this many seconds.")
+    )
+    reward_workers: int = field(default=2, metadata=help_("Processes that run reward functions."))
+    reward_timeout_s: float = field(
+        default=10.0, metadata=help_("A reward slower than this scores 0 and is counted.")
+    )
+    max_failure_rate: float = field(
+        default=0.2,
+        metadata=help_("Stop the loop when more than this fraction of episodes raise (after 20)."),
+    )
+    max_epochs: int | None = field(
+        default=None,
+        metadata=help_("Stop after this many passes over the train split (None = until training ends)."),
+    )
+    max_groups: int | None = field(
+        default=None,
+        metadata=help_(
+            "Stop once the trial's storage holds this many accepted groups, restored ones included "
+            "(None = no limit)."
+        ),
+    )
+    should_accept_fn: str | None = field(
+        default=None,
+        metadata=help_(
+            "Import string of fn(group) -> bool run on every finished group; False rejects it (e.g. "
+            "drop groups whose rewards are all equal, which carry no GRPO signal). None = keep all."
+        ),
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata=help_(
+            "DAPO dynamic sampling: drop groups whose rewards are all equal (zero GRPO advantage) and "
+            "generate more until each batch is full of groups with signal. Costs extra generation, "
+            "counted as rollout/rejected_filtered. Applied before should_accept_fn when both are set."
+        ),
+    )
+    dynamic_sampling_max_extra: float | None = field(
+        default=None,
+        metadata=help_(
+            "Cap on dynamic sampling's extra generation: at most this many groups without signal are "
+            "dropped per group kept (1.0 = at most twice the generation of plain sampling); past the cap "
+            "a group without signal is kept. None = no cap (generate until every group has signal)."
+        ),
+    )
+    zero_variance_skip_prob: float = field(
+        default=0.0,
+        metadata=help_(
+            "Before generating, skip a prompt whose last group had all-equal rewards (all right or all "
+            "wrong: zero GRPO advantage) with this probability; it is released, never generated, counted "
+            "as rollout/rejected_skipped, and revisited in a later epoch (rollflow/rollout/prompt_filter.py). "
+            "0 = off; must be < 1."
+        ),
+    )
+    claim_block_size: int = field(
+        default=4,
+        metadata=help_(
+            "Prompts a rollout worker claims at once in storage (one exclusive put per block); capped "
+            "at train.batch_size. Larger blocks mean fewer requests; a held block's unstarted prompts "
+            "count against the staleness bound."
+        ),
+    )
+    worker_lease_s: float = field(
+        default=60.0,
+        metadata=help_(
+            "A rollout worker whose state file is older than this is dead: other workers adopt its "
+            "unfinished prompts. Keep it well above shard_flush_seconds and clock skew between hosts."
+        ),
+    )
+    keep_partials: bool = field(
+        default=True,
+        metadata=help_(
+            "At a graceful stop (Prefect cancel, SIGTERM, Ctrl-C) commit the episodes in flight as partial "
+            "records (prompt, tokens so far, logprobs, per-token versions), which a resume continues "
+            "instead of regenerating (rollflow/rollout/partials.py). False: they are regenerated."
+        ),
+    )
+    partial_drain_s: float = field(
+        default=5.0,
+        metadata=help_(
+            "At a graceful stop, how long to wait for the requests in flight to hand back their partial "
+            "output; what has not come back by then is regenerated on resume, as without keep_partials."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        check(self.group_size >= 1, "rollout.group_size", "must be >= 1 (GRPO needs >= 2 to learn)")
+        check(self.max_concurrent_rollouts >= 1, "rollout.max_concurrent_rollouts", "must be >= 1")
+        check(
+            self.max_staleness >= 0,
+            "rollout.max_staleness",
+            "must be >= 0 (0 = on-policy; 1-4 are typical for async runs)",
+        )
+        check(self.shard_flush_rows >= 1, "rollout.shard_flush_rows", "must be >= 1")
+        check(self.shard_flush_seconds > 0, "rollout.shard_flush_seconds", "must be > 0")
+        check(self.reward_workers >= 1, "rollout.reward_workers", "must be >= 1")
+        check(
+            0.0 <= self.zero_variance_skip_prob < 1.0,
+            "rollout.zero_variance_skip_prob",
+            "must be in [0, 1) (1 would never revisit a skipped prompt)",
+        )
+        if self.dynamic_sampling_max_extra is not None:
+            check(
+                self.dynamic_sampling_max_extra >= 0,
+                "rollout.dynamic_sampling_max_extra",
+                "must be >= 0 or null (null = no cap; 0 = keep every group, as without dynamic sampling)",
+            )
+        check(self.reward_timeout_s > 0, "rollout.reward_timeout_s", "must be > 0")
+        check(0 < self.max_failure_rate <= 1, "rollout.max_failure_rate", "must be in (0, 1]")
+        if self.max_epochs is not None:
+            check(self.max_epochs >= 1, "rollout.max_epochs", "must be >= 1 or null")
+        if self.max_groups is not None:
+            check(self.max_groups >= 1, "rollout.max_groups", "must be >= 1 or null")
+        if self.should_accept_fn is not None:
+            check(
+                ":" in self.should_accept_fn,
+                "rollout.should_accept_fn",
+                "must look like 'pkg.module:function' or be null",
+            )
+        check(self.claim_block_size >= 1, "rollout.claim_block_size", "must be >= 1")
+        check(self.worker_lease_s > 0, "rollout.worker_lease_s", "must be > 0")
+        check(self.partial_drain_s >= 0, "rollout.partial_drain_s", "must be >= 0")

@@ -1,0 +1,209 @@
+"""``train``: the trainer's optimiser, PPO/GRPO loss and checkpointing; ``train.lora``.
+
+What it is not: the trainer (``rollflow/training/``); only the fields and their single-section checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rollflow.api.config.fields import check, help_
+
+LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class LoraConfig:
+    rank: int = field(
+        default=0,
+        metadata=help_(
+            "LoRA rank r. 0 = off: full fine-tuning (the default). > 0: the trainer trains only rank-r "
+            "adapters (peft) on target_modules, publishes only the adapter (adapter_model.safetensors + "
+            "adapter_config.json) and the servers merge it into their base weights (docs/lora.md). "
+            "LoRA wants a larger train.lr than full fine-tuning (about 10x)."
+        ),
+    )
+    alpha: float = field(
+        default=32.0,
+        metadata=help_(
+            "LoRA alpha: the update is (alpha / rank) * B @ A. 32 keeps the best lr nearly independent of "
+            "the rank (Schulman et al., 'LoRA Without Regret', 2025)."
+        ),
+    )
+    dropout: float = field(
+        default=0.0,
+        metadata=help_(
+            "Dropout on the adapter's input. 0 keeps the training forward equal to the proximal and "
+            "behaviour policies' (dropout makes the PPO ratio noisy at step start)."
+        ),
+    )
+    target_modules: list[str] = field(
+        default_factory=lambda: list(LLAMA_LINEAR_MODULES),
+        metadata=help_(
+            "Names of the linear layers that get adapters (every module whose name ends with one). "
+            "Default: every linear layer of a Llama block, attention and MLP (LoRA Without Regret: "
+            "MLP layers matter most). A name no module has is an error."
+        ),
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    def __post_init__(self) -> None:
+        check(self.rank >= 0, "train.lora.rank", "must be >= 0 (0 = off: full fine-tuning)")
+        check(self.alpha > 0, "train.lora.alpha", "must be > 0 (32 is the default)")
+        check(0 <= self.dropout < 1, "train.lora.dropout", "must be in [0, 1)")
+        if self.rank > 0:
+            check(
+                bool(self.target_modules) and all(isinstance(m, str) and m for m in self.target_modules),
+                "train.lora.target_modules",
+                "must name at least one linear layer, e.g. [q_proj, v_proj]",
+            )
+
+
+@dataclass
+class TrainConfig:
+    steps: int = field(default=100, metadata=help_("Optimizer steps to run (= final policy version)."))
+    batch_size: int = field(default=16, metadata=help_("Groups (prompts) per optimizer step."))
+    max_tokens_per_mb: int = field(
+        default=16384,
+        metadata=help_("Token budget of a micro-batch (first-fit-decreasing, groups never split)."),
+    )
+    ppo_n_minibatches: int = field(
+        default=1, metadata=help_("PPO updates per step; the batch is split into this many minibatches.")
+    )
+    ppo_epochs: int = field(
+        default=2,
+        metadata=help_(
+            "Passes over each batch per step (off-policy reuse, GRPO's mu): every pass makes "
+            "ppo_n_minibatches updates against the same proximal logprobs, the clip bounding the drift. "
+            "2 (the default) halved the completions needed to reach 0.8 held-out on the outside-built task "
+            "(docs/learning.md); it costs trainer compute only, which waits for data most of the time when "
+            "generation bounds the run. Use 1 where the trainer is the bound (time/trainer/waiting_data_frac "
+            "near 0)."
+        ),
+    )
+    lr: float = field(default=1e-6, metadata=help_("AdamW learning rate."))
+    weight_decay: float = field(default=0.0, metadata=help_("AdamW weight decay."))
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=help_("AdamW betas."))
+    warmup_steps: int = field(default=0, metadata=help_("Linear LR warmup steps."))
+    lr_schedule: Literal["constant", "cosine"] = field(
+        default="constant", metadata=help_("LR schedule after warmup.")
+    )
+    min_lr_ratio: float = field(
+        default=0.0, metadata=help_("Cosine schedule: final lr as a fraction of train.lr (0 = decay to 0).")
+    )
+    grad_clip: float = field(default=1.0, metadata=help_("Max global gradient norm (0 = off)."))
+    dtype: Literal["float32", "bfloat16"] = field(
+        default="float32", metadata=help_("Compute dtype of the trainer.")
+    )
+    eps_clip: float = field(default=0.2, metadata=help_("PPO clip range epsilon (lower bound 1 - eps)."))
+    eps_clip_higher: float | None = field(
+        default=None,
+        metadata=help_("Asymmetric upper clip 1 + eps_high (DAPO's clip-higher); None = eps_clip."),
+    )
+    c_clip: float | None = field(
+        default=None,
+        metadata=help_("Dual-clip constant (> 1) bounding the loss for negative advantages; None = off."),
+    )
+    use_decoupled_loss: bool = field(
+        default=True,
+        metadata=help_(
+            "Decoupled PPO (AReaL): ratio against the recomputed proximal policy, importance weight "
+            "exp(prox - behav). Off: the behaviour logprobs are the proximal ones. Needs unfiltered "
+            "sampling (top_p 1, top_k -1, min_p 0): the server reports logprobs of the unfiltered "
+            "distribution, so with filtering exp(prox - behav) is not the importance weight."
+        ),
+    )
+    behav_imp_weight_cap: float | None = field(
+        default=5.0, metadata=help_("Cap of the behaviour importance weight; None = uncapped.")
+    )
+    behav_imp_weight_mode: Literal["mask", "truncate"] = field(
+        default="mask", metadata=help_("mask: drop tokens above the cap; truncate: clamp to the cap.")
+    )
+    kl_ctl: float = field(
+        default=0.0, metadata=help_("KL penalty coefficient to the frozen reference model (0 = off).")
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = field(
+        default="k3", metadata=help_("KL estimator (Schulman's k1/k2/k3).")
+    )
+    adv_estimator: Literal["grpo", "rloo"] = field(
+        default="grpo", metadata=help_("grpo: group-normalised rewards; rloo: leave-one-out baseline.")
+    )
+    adv_norm: Literal["mean_std", "mean"] = field(
+        default="mean_std",
+        metadata=help_(
+            "GRPO normalisation: subtract the mean and divide by std, or mean only (Dr.GRPO's advantage; "
+            "Dr.GRPO as published also sets loss_agg=seq-mean-token-sum-norm)."
+        ),
+    )
+    reward_scale: float = field(default=1.0, metadata=help_("Multiply rewards before advantages."))
+    reward_clip: float | None = field(
+        default=None, metadata=help_("Clip scaled rewards to [-c, c]; None = off.")
+    )
+    loss_agg: Literal["token-mean", "seq-mean", "seq-mean-token-sum-norm"] = field(
+        default="token-mean",
+        metadata=help_(
+            "token-mean: divide the summed token loss by the batch's loss tokens; seq-mean: average "
+            "per sequence, then over sequences; seq-mean-token-sum-norm: divide by sequences x a "
+            "constant L (loss_agg_max_tokens), Dr.GRPO's length-unbiased normaliser "
+            "(derivation in rollflow/training/losses.py)."
+        ),
+    )
+    loss_agg_max_tokens: int | None = field(
+        default=None,
+        metadata=help_(
+            "The constant L of loss_agg=seq-mean-token-sum-norm; None = rollout.generation.max_new_tokens "
+            "(multi-turn: set it to max_turns x max_new_tokens). It only scales the step, like lr."
+        ),
+    )
+    checkpoint_every: int = field(
+        default=1, metadata=help_("Publish a checkpoint every k versions (inference picks it up).")
+    )
+    resume_every: int = field(
+        default=10, metadata=help_("Commit a resume point (model, optimizer, RNG, cursor) every n steps.")
+    )
+    data_wait_timeout_s: float = field(
+        default=600.0, metadata=help_("Fail if no new trajectories arrive for this long.")
+    )
+    distributed: Literal["none", "ddp", "fsdp2"] = field(
+        default="none",
+        metadata=help_("Multi-process training under torchrun: FSDP2 fully_shard (GPU) or DDP (CPU/gloo)."),
+    )
+    nproc_per_node: int = field(default=1, metadata=help_("torchrun ranks when distributed != none."))
+    threads: int = field(default=1, metadata=help_("torch threads of the trainer on CPU."))
+    lora: LoraConfig = field(
+        default_factory=LoraConfig, metadata=help_("LoRA adapters instead of full fine-tuning (off).")
+    )
+
+    def __post_init__(self) -> None:
+        check(self.steps >= 1, "train.steps", "must be >= 1")
+        check(self.batch_size >= 1, "train.batch_size", "must be >= 1 group")
+        check(self.max_tokens_per_mb >= 1, "train.max_tokens_per_mb", "must be >= 1")
+        if self.loss_agg_max_tokens is not None:
+            check(self.loss_agg_max_tokens >= 1, "train.loss_agg_max_tokens", "must be >= 1 or null")
+        check(self.ppo_n_minibatches >= 1, "train.ppo_n_minibatches", "must be >= 1")
+        check(self.ppo_epochs >= 1, "train.ppo_epochs", "must be >= 1 (1 = one pass, no reuse)")
+        check(
+            self.batch_size >= self.ppo_n_minibatches,
+            "train.ppo_n_minibatches",
+            "must be <= train.batch_size",
+        )
+        check(self.lr > 0, "train.lr", "must be > 0")
+        check(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]")
+        check(self.eps_clip > 0, "train.eps_clip", "must be > 0 (0.2 is the PPO default)")
+        if self.eps_clip_higher is not None:
+            check(self.eps_clip_higher > 0, "train.eps_clip_higher", "must be > 0 or null")
+        if self.c_clip is not None:
+            check(self.c_clip > 1, "train.c_clip", "must be > 1 (3.0 is the dual-clip default) or null")
+        if self.behav_imp_weight_cap is not None:
+            check(self.behav_imp_weight_cap > 1, "train.behav_imp_weight_cap", "must be > 1 or null")
+        check(self.kl_ctl >= 0, "train.kl_ctl", "must be >= 0")
+        check(self.checkpoint_every >= 1, "train.checkpoint_every", "must be >= 1")
+        check(self.resume_every >= 1, "train.resume_every", "must be >= 1")
+        check(len(self.adam_betas) == 2, "train.adam_betas", "must be two numbers [beta1, beta2]")
+        check(self.nproc_per_node >= 1, "train.nproc_per_node", "must be >= 1")
+        if self.reward_clip is not None:
+            check(self.reward_clip > 0, "train.reward_clip", "must be > 0 or null")

@@ -1,0 +1,51 @@
+"""The reward contracts: the function a user writes (``RewardFn``) and what a workflow scores with
+(``RewardScorer``).
+
+What it is. A reward function is a plain, synchronous, module-level function
+
+    reward_fn(prompt: str, completion: str, answer: str, **data) -> float
+
+``prompt`` is the last user message, ``completion`` the decoded model output (special tokens skipped),
+``answer`` the dataset row's reference and ``data`` the row's other passthrough fields (JSON values). It
+is named in config by its import string ``"pkg.module:name"``, because reward worker processes import it
+by that name (no pickled callables). A reward must be a finite number with ``|reward| <= 1e6``
+(``rollflow.rewards.protocol.check_reward``); one that raises, hangs or returns anything else scores 0
+and is counted.
+
+A ``RewardScorer`` runs reward functions for a workflow (``rollflow.rewards.AsyncRewardRunner`` in
+worker processes, ``rollflow.rewards.inprocess`` on threads); each call returns a ``ScoredOutcome``.
+
+What it is not: the runners or any particular reward (``rollflow.rewards``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class RewardFn(Protocol):
+    """``fn(prompt, completion, answer, **data) -> float``."""
+
+    def __call__(self, prompt: str, completion: str, answer: str, **data: Any) -> float: ...
+
+
+class ScoredOutcome(Protocol):
+    """One scored completion (``rollflow.rewards.RewardOutcome``). ``score`` counts only when ``error`` is
+    None and ``timed_out`` is False. An outcome may also carry ``infra_error = True``: no worker could
+    score it, which says nothing about the completion (read it with ``getattr(o, "infra_error", False)``).
+    """
+
+    @property
+    def score(self) -> float: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+    @property
+    def timed_out(self) -> bool: ...
+
+
+class RewardScorer(Protocol):
+    """Scores completions with the reward function; never raises for the function's own failures."""
+
+    async def ascore(self, prompt: str, completion: str, answer: Any, **data: Any) -> ScoredOutcome: ...
