@@ -2,6 +2,8 @@
 
 Run:  .venv/bin/python -m bench.storage            (about 2-3 minutes on 2 cores)
       .venv/bin/python -m bench.storage --quick    (fewer repetitions, smoke run)
+      .venv/bin/python -m bench.storage --delta    (+ the delta-checkpoint figures, about 3 more minutes)
+      .venv/bin/python -m bench.storage --delta-only   (those alone: bench/results/storage_delta.json)
 
 Prints one `name value` line per figure and writes them to bench/results/storage.json (raw timings in
 storage_details.json). Every figure is median(ours) / median(raw) over interleaved repetitions, both
@@ -28,6 +30,15 @@ ckpt_publish_copy_vs_raw publishes a save_pretrained dir from elsewhere (a full 
 ckpt_verified_dir_vs_raw is `verified_dir`, what the watcher does before every load (local: blake3 of
 every file in place, no copy; S3: the same as fetch) over the same plain copy.
 Details also hold the hash throughput of both algorithms on this machine (`hash_MBps`).
+
+Delta checkpoints (`--delta`, issue 20 section 5; `bench/storage_delta.py` says how): the tiny model of
+configs/tiny_cpu.yaml trained `--delta-steps` steps by the real trainer, every version published, in
+float32 and in bfloat16, at the configured lr and at lr / 10 (keys suffixed `_lr_div10`). Medians over
+the consecutive version pairs: delta_changed_fraction_{fp32,bf16} (elements whose bytes changed) and
+storage_bytes_per_version_ratio_{fp32,bf16} (bytes of the smallest of three delta encodings / bytes of
+the full version); storage_bytes_per_version_ratio is the bf16 one at the configured lr. With `--quick`
+the delta part is a smoke run (3 steps of 4 groups, the untrained model). Spreads and every pair are in the
+details.
 
 This is a script, not a test: it asserts nothing about targets; it reports.
 """
@@ -273,10 +284,35 @@ def hash_throughput(algo: str) -> float:
     return 4 * 64 / (time.perf_counter() - t0)
 
 
-def main() -> None:
+def bench_deltas(args: argparse.Namespace, scratch: Path) -> tuple[dict[str, float], dict[str, Any]]:
+    import torch
+
+    from bench.storage_delta import DeltaSettings, measure
+
+    settings = (
+        DeltaSettings(steps=3, groups=4, warm_start_steps=0)
+        if args.quick
+        else DeltaSettings(steps=args.delta_steps)
+    )
+    model = Path(args.delta_model).resolve() if args.delta_model else None
+    torch.set_num_threads(1)  # the trainer runs one thread (train.threads); so do the behaviour logprobs
+    t0 = time.perf_counter()
+    figures, details = measure(scratch, settings, model_dir=model)
+    details["wall_s"] = round(time.perf_counter() - t0, 1)
+    return figures, details
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
-    args = ap.parse_args()
+    ap.add_argument("--delta", action="store_true", help="also measure delta checkpoints (a few minutes)")
+    ap.add_argument("--delta-only", action="store_true", help="the delta part alone (storage_delta.json)")
+    ap.add_argument("--delta-steps", type=int, default=30, help="trainer steps per delta run (default 30)")
+    model_help = "a built tiny model dir (e.g. runs/models/tiny) instead of building one (~40 s)"
+    ap.add_argument("--delta-model", default=None, help=model_help)
+    args = ap.parse_args(argv)
+    if args.delta_steps < 2:
+        ap.error("--delta-steps must be >= 2 (the figures are medians over consecutive version pairs)")
     shard_reps, ckpt_reps, ckpt_reps_s3 = (3, 2, 1) if args.quick else (15, 5, 3)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -285,7 +321,14 @@ def main() -> None:
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
+    if args.delta_only:
+        with tempfile.TemporaryDirectory(prefix="rollflow-bench-delta-") as tmp:
+            figures, details = bench_deltas(args, Path(tmp))
+        out = report("storage_delta", figures, details)
+        print(f"# wrote {out} in {details['wall_s']} s", flush=True)
+        return
     t_start = time.perf_counter()
+    figures_d: dict[str, float] = {}
     model = build_model()
     n_params = sum(p.numel() for p in model.parameters())
     figures: dict[str, float] = {}
@@ -325,8 +368,12 @@ def main() -> None:
                 for k in ("publish_copy_vs_raw", "publish_saved_dir_vs_raw"):
                     if k in cf:
                         extra[f"ckpt_{k}"] = cf[k]
+        if args.delta:
+            figures_d, details["delta"] = bench_deltas(args, tmp_path / "delta")
     extras = details.pop("extra_figures", {})
     figures.update(extras)
+    if args.delta:
+        figures.update(figures_d)
     details["medians_s"] = {
         f"{section}.{phase}.{variant}": round(median(ts), 4)
         for section in ("shards", "shards_s3", "ckpt", "ckpt_s3")

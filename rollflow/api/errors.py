@@ -36,6 +36,10 @@ class DatasetFileError(RollflowError, ValueError):
     """A dataset file cannot be read (not UTF-8, empty, not the format it claims); names the file and fix."""
 
 
+class BaseModelMismatchError(RollflowError, ValueError):
+    """A LoRA adapter meets a base model other than the one it was trained on (weights digest differs)."""
+
+
 class InferenceError(RollflowError):
     """An inference request failed on every server it was tried on."""
 

@@ -20,6 +20,15 @@ the held-out evaluation scored:
 - the model card (``model_card.md`` / ``model_card_data.yaml``) says which trial and version it is and
   what it was trained from; the license is the base model's (``declared_license``).
 
+A LoRA run's policy is its adapter (``adapter_model.safetensors`` + ``adapter_config.json``): given the
+base's identity (``base_model.py``), ``log_chat_model`` logs it as a peft model in the same flavour and
+task, as the logged model ``adapter`` (type ``rollflow-lora-adapter``). MLflow stores only the adapter
+(``peft/``) and the tokenizer, and records the base's local directory (``local_base_model_path``):
+``mlflow.transformers.load_model`` and ``mlflow.pyfunc.load_model`` read the base from there (or from
+``base_model_path=``) and apply the adapter, and ``PeftModel.from_pretrained(base, <download>/peft)``
+does the same by hand. The card and the logged model's tags name the base and its weights digest; a hub
+base's revision also goes into the adapter's ``revision`` field, so peft reloads that commit.
+
 Only the files a model needs are copied: rollflow's own bookkeeping (``.rollflow-*``, ``COMMIT.json``,
 the bootstrap marker) stays out. What it is not: the registry gate or the model version and its alias
 (``registry.py``), nor any check of the checkpoint (storage verified its checksums before this reads it).
@@ -33,9 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollflow.tracking.base_model import BaseModelIdentity
+
 CHAT_TASK = "llm/v1/chat"
 MODEL_NAME = "model"  # the logged model's name (MLflow 3: ``name=``, not ``artifact_path=``)
 MODEL_TYPE = "rollflow-policy"
+ADAPTER_NAME = "adapter"  # the logged model's name for a LoRA run's adapter
+ADAPTER_TYPE = "rollflow-lora-adapter"
 _INTERNAL_PREFIXES = (".rollflow", ".")  # rollflow's markers and any hidden file
 _INTERNAL_NAMES = {"COMMIT.json", "rollflow_bootstrap.json"}
 _PIP_REQUIREMENTS = ["transformers", "torch", "safetensors", "tokenizers"]
@@ -58,6 +71,8 @@ class PolicyCard:
     max_new_tokens: int
     eval_accuracy: str | None = None
     system_prompt: str | None = None  # the dataset's ``system_prompt``: training put it first
+    lora_rank: int | None = None  # set for a LoRA adapter (``log_chat_model(..., base=...)``)
+    merged_from: str | None = None  # ``<name> v<n>``: the registered adapter this model merges into its base
 
 
 def model_files(src: Path) -> list[Path]:
@@ -90,7 +105,7 @@ def declared_license(base_model: str) -> str:
     return "other"
 
 
-def model_card(card: PolicyCard) -> Any:
+def model_card(card: PolicyCard, base: BaseModelIdentity | None = None) -> Any:
     """A ``huggingface_hub.ModelCard`` for the policy (MLflow writes it beside the model)."""
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -98,7 +113,7 @@ def model_card(card: PolicyCard) -> Any:
         license=declared_license(card.base_model),
         library_name="transformers",
         pipeline_tag="text-generation",
-        tags=["rollflow", "reinforcement-learning", "chat"],
+        tags=["rollflow", "reinforcement-learning", "chat", *(["lora", "peft"] if card.lora_rank else [])],
     )
     accuracy = f"; held-out accuracy {card.eval_accuracy}" if card.eval_accuracy else ""
     system = (
@@ -111,15 +126,39 @@ def model_card(card: PolicyCard) -> Any:
         "Call it with chat messages; they go through the tokenizer's chat template, as in training, and\n"
         f"the answer is greedy, at most {card.max_new_tokens} new tokens:\n\n"
         '    {"messages": [{"role": "user", "content": "..."}]}\n\n'
-        f"{system}License: the base model's (see its repository).\n"
+        f"{system}{_lora_note(card, base)}License: the base model's (see its repository).\n"
     )
     return ModelCard(text)
 
 
+def _lora_note(card: PolicyCard, base: BaseModelIdentity | None) -> str:
+    """What the card says about an adapter's base, or about the adapter a merged model comes from."""
+    if base is not None:
+        revision = f", revision `{base.revision}`" if base.revision else ""
+        return (
+            f"This is a rank-{card.lora_rank} LoRA adapter (peft, in `peft/`), not a full model. Its base is\n"
+            f"`{base.name}`{revision}, weights digest (blake3 of config.json and the weight files) `{base.blake3}`;\n"
+            "`mlflow.transformers.load_model` reads the base from the recorded directory or from\n"
+            "`base_model_path=`. Check the digest first: `rollflow.tracking.base_model.check_base_model`.\n\n"
+        )
+    if card.merged_from:
+        return (
+            f"The LoRA adapter registered as `{card.merged_from}`, merged into the base model's weights.\n\n"
+        )
+    return ""
+
+
 def log_chat_model(
-    client: Any, tracking_uri: str, run_id: str, checkpoint_dir: str | Path, card: PolicyCard
+    client: Any,
+    tracking_uri: str,
+    run_id: str,
+    checkpoint_dir: str | Path,
+    card: PolicyCard,
+    *,
+    base: BaseModelIdentity | None = None,
 ) -> LoggedChatModel:
-    """Log ``checkpoint_dir`` (a verified HF directory) as the run's chat model (module docstring).
+    """Log ``checkpoint_dir`` (a verified HF directory) as the run's chat model (module docstring); with
+    ``base``, ``checkpoint_dir`` is a LoRA adapter of that base, logged as the model ``adapter``.
 
     The logged model is created in the run's experiment (MLflow's fluent default would file it under
     the experiment in the process's context, usually ``0``) and tagged with the trial and version.
@@ -128,24 +167,32 @@ def log_chat_model(
     import mlflow
 
     experiment_id = client.get_run(run_id).info.experiment_id
+    tags = {"rollflow.trial": card.trial, "rollflow.policy_version": str(card.version)}
+    if base is not None:
+        tags.update({f"rollflow.{k}": v for k, v in base.tags().items()})
+    if card.merged_from:
+        tags["rollflow.merged_from"] = card.merged_from
     logged = client.create_logged_model(
         experiment_id,
-        name=MODEL_NAME,
+        name=MODEL_NAME if base is None else ADAPTER_NAME,
         source_run_id=run_id,
-        model_type=MODEL_TYPE,
-        tags={"rollflow.trial": card.trial, "rollflow.policy_version": str(card.version)},
+        model_type=MODEL_TYPE if base is None else ADAPTER_TYPE,
+        tags=tags,
     )
     previous_uri = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(tracking_uri)
     try:
-        uri = _log_transformers(logged.model_id, run_id, Path(checkpoint_dir), card)
+        uri = _log_transformers(logged.model_id, run_id, Path(checkpoint_dir), card, base)
     finally:
         mlflow.set_tracking_uri(previous_uri)
     return LoggedChatModel(logged.model_id, uri)
 
 
-def _log_transformers(model_id: str, run_id: str, checkpoint_dir: Path, card: PolicyCard) -> str:
-    """Write the model files into the logged model ``model_id``; returns its URI."""
+def _log_transformers(
+    model_id: str, run_id: str, checkpoint_dir: Path, card: PolicyCard, base: BaseModelIdentity | None
+) -> str:
+    """Write the model files (or the adapter, with ``base``) into the logged model ``model_id``; returns
+    its URI."""
     import mlflow.transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -154,19 +201,41 @@ def _log_transformers(model_id: str, run_id: str, checkpoint_dir: Path, card: Po
         clean.mkdir()
         for f in model_files(checkpoint_dir):
             shutil.copy2(f, clean / f.name)
-        model = AutoModelForCausalLM.from_pretrained(clean, dtype="auto", trust_remote_code=False)
+        source = clean if base is None else base.local_dir
+        model = AutoModelForCausalLM.from_pretrained(source, dtype="auto", trust_remote_code=False)
         # the name MLflow records as the source (and looks a license up under): the base model, not a temp dir
         model.name_or_path = card.base_model
-        tokenizer = AutoTokenizer.from_pretrained(clean, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        extra: dict[str, Any] = {}
+        if base is not None:  # MLflow keeps the adapter only and records base.local_dir
+            model = _with_adapter(model, clean, base)
+            extra["base_model_path"] = str(base.local_dir)
         info = mlflow.transformers.log_model(
             {"model": model, "tokenizer": tokenizer},
-            name=MODEL_NAME,
+            name=MODEL_NAME if base is None else ADAPTER_NAME,
             model_id=model_id,
             run_id=run_id,
             step=card.version,
             task=CHAT_TASK,
             model_config={"do_sample": False, "max_new_tokens": card.max_new_tokens},
-            model_card=model_card(card),
-            pip_requirements=_PIP_REQUIREMENTS,
+            model_card=model_card(card, base),
+            pip_requirements=_PIP_REQUIREMENTS + (["peft"] if base is not None else []),
+            **extra,
         )
     return str(info.model_uri)
+
+
+def _with_adapter(model: Any, adapter_dir: Path, base: BaseModelIdentity) -> Any:
+    """``model`` (the base) with the adapter of ``adapter_dir`` applied (peft), its config naming the
+    base as configured and, for a hub base, the revision it was trained on."""
+    import warnings
+
+    from peft import PeftModel
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        peft_model = PeftModel.from_pretrained(model, adapter_dir)
+    for cfg in peft_model.peft_config.values():
+        cfg.base_model_name_or_path = base.name
+        cfg.revision = base.revision
+    return peft_model

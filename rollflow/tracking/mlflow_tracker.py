@@ -4,7 +4,8 @@ What it is: ``MlflowTracker`` wraps ``MlflowClient`` for the life of a trial. It
 secret-free config as params, hands out a thread-safe ``MetricsSink`` the loops report through,
 logs the resolved config / curve PNG / sample trajectories as plain JSON and PNG artifacts, and logs the
 final checkpoint as an MLflow chat model (``chat_model.py``) that the registry gate may register
-(``registry.py``).
+(``registry.py``): a full model, or a LoRA adapter with its base's identity, under ``model_name``; a
+LoRA run's merged model under ``merged_model_name``.
 The experiment is tagged as model training (``mlflow.experimentKind``), and no table is logged through
 ``log_table``, so MLflow's UI never files the runs under its GenAI evaluation views.
 What it is not: the source of any metric. It never imports prefect; Prefect artifacts live in tasks/.
@@ -31,6 +32,7 @@ from typing import Any
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.loader import flat_params, to_yaml
+from rollflow.tracking.base_model import BaseModelIdentity
 from rollflow.tracking.chat_model import PolicyCard, log_chat_model
 from rollflow.tracking.registry import Registry
 
@@ -297,14 +299,32 @@ class MlflowTracker:
     def registry(self) -> Registry:
         return Registry(self.client, self.model_name)
 
+    @property
+    def merged_model_name(self) -> str:
+        """Where a LoRA run's merged model is registered (``tracking.register_merged``)."""
+        return f"{self.model_name}-merged"
+
     def register_checkpoint(
-        self, local_dir: str | Path, *, version: int, extra_tags: dict[str, Any] | None = None
+        self,
+        local_dir: str | Path,
+        *,
+        version: int,
+        extra_tags: dict[str, Any] | None = None,
+        base: BaseModelIdentity | None = None,
+        merged_from: str | None = None,
     ) -> str:
         """Log a verified HF checkpoint dir as the run's chat model (a logged model named ``model``) and
         register it (moving the ``latest-rl`` alias); returns the registry version. The caller decides
-        whether to."""
+        whether to. With ``base``, ``local_dir`` is a LoRA adapter of it (the logged model ``adapter``,
+        tagged with the base's identity). With ``merged_from`` (``<name> v<n>``, the registered adapter),
+        ``local_dir`` is that adapter merged into its base: it goes under ``merged_model_name``."""
         tags = {"policy_version": str(version), "trial": self.cfg.trial, "experiment": self.cfg.experiment}
         tags.update({k: str(v) for k, v in (extra_tags or {}).items()})
+        if base is not None:
+            tags.update(base.tags())
+        if merged_from is not None:
+            tags["merged_from"] = merged_from
+        lora_rank = self.cfg.train.lora.rank if base is not None else None
         card = PolicyCard(
             trial=self.cfg.trial,
             experiment=self.cfg.experiment,
@@ -313,14 +333,17 @@ class MlflowTracker:
             max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.generation.max_new_tokens,
             eval_accuracy=tags.get("eval_accuracy"),
             system_prompt=self.cfg.dataset.system_prompt,
+            lora_rank=lora_rank,
+            merged_from=merged_from,
         )
-        model = log_chat_model(self.client, self.tracking_uri, self.run_id, local_dir, card)
-        return self.registry.register(
-            self.run_id,
-            model,
-            tags=tags,
-            description=f"rollflow policy version {version} of trial {self.cfg.trial}",
-        )
+        model = log_chat_model(self.client, self.tracking_uri, self.run_id, local_dir, card, base=base)
+        what = f"rollflow policy version {version} of trial {self.cfg.trial}"
+        if base is not None:
+            what = f"rank-{lora_rank} LoRA adapter (peft) of {base.name}: {what}"
+        elif merged_from is not None:
+            what = f"{what}: the LoRA adapter {merged_from} merged into its base"
+        registry = Registry(self.client, self.merged_model_name) if merged_from else self.registry
+        return registry.register(self.run_id, model, tags=tags, description=what)
 
 
 def download_latest_registered(

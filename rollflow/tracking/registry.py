@@ -15,7 +15,8 @@ What it is:
   chat task, called with ``{"messages": [...]}`` (``mlflow.pyfunc``, ``mlflow models serve``).
 - ``Registry``: find the incumbent, register a logged model with tags (the version's source is the logged
   model, ``models:/m-...``), move the alias, and download a registered version back as one Hugging Face
-  directory (for a retrain).
+  directory (for a retrain). A registered LoRA adapter comes back merged into its base, read from the
+  directory MLflow recorded once its weights digest matches the version's (``base_model.py``).
 What it is not: the run's params/metrics (``mlflow_tracker``) or the place a checkpoint is verified
 (storage verifies checksums before anything here reads the files).
 """
@@ -164,6 +165,8 @@ class Registry:
             )
         )
         hf = dst / "hf"
+        if (local / "peft").is_dir():  # a LoRA adapter: base + adapter, merged
+            return _merge_registered_adapter(local, hf, f"{self.model_name} v{inc.version}", inc.tags), inc
         if hf.exists():
             shutil.rmtree(hf)
         hf.mkdir()
@@ -173,3 +176,23 @@ class Registry:
         if not (hf / "config.json").exists():
             raise LookupError(f"{self.model_name} v{inc.version} is not a transformers-flavour model")
         return hf, inc
+
+
+def _merge_registered_adapter(mlmodel: Path, hf: Path, what: str, tags: dict[str, str]) -> Path:
+    """``hf``: the registered adapter in ``mlmodel`` (``peft/``) merged into its base, which must be where
+    MLflow recorded it and have the weights digest the version was registered with."""
+    import yaml
+
+    from rollflow.tracking.base_model import DIGEST_TAG, NAME_TAG, check_base_model
+    from rollflow.training.lora import merge_adapter_dir
+
+    flavor = yaml.safe_load((mlmodel / "MLmodel").read_text())["flavors"]["transformers"]
+    base = flavor.get("local_base_model_path")
+    if not base or not Path(base).is_dir() or DIGEST_TAG not in tags:
+        raise LookupError(
+            f"{what} is a LoRA adapter of {tags.get(NAME_TAG, flavor.get('source_model_name'))!r}, but its base "
+            f"model is not at the recorded directory {base!r} (or the version has no {DIGEST_TAG} tag); put the "
+            "base model there, or start from a full model with model.path"
+        )
+    check_base_model(base, tags[DIGEST_TAG], what=what)
+    return merge_adapter_dir(base, mlmodel / "peft", hf)

@@ -4,9 +4,16 @@ What it is: ``apply_registry_gate`` runs the rule of ``rollflow.tracking.registr
 on a finished trial (it trained, and its held-out accuracy is at least the incumbent's; an incumbent the
 run started from is re-scored by the run's "before" evaluation), records the decision on the trial's
 MLflow run as tags (``rollflow.registry.decision`` / ``reason`` / ``detail``, and the incumbent's), and
-when the gate lets it, fetches the final checkpoint (verified), merges a LoRA adapter into its base, and
-registers it with its lineage. ``tracking.register_model: false`` records ``disabled`` and registers
-nothing.
+when the gate lets it, fetches the final checkpoint (verified) and registers it with its lineage.
+``tracking.register_model: false`` records ``disabled`` and registers nothing.
+
+A LoRA run registers its adapter itself, as users deploy it on an engine that serves adapters: under
+the registered model name (the version the decision tags name, the ``latest-rl`` alias moves to it),
+tagged ``lora_rank`` and its base's identity (``base_model.py``: ``lora_base_model``, its weights
+digest ``lora_base_model_blake3``, a hub base's ``lora_base_model_revision``). With
+``tracking.register_merged`` (the default) the adapter merged into its base (``merge_adapter_dir``) is
+registered as well, under ``<name>-merged``, tagged ``merged_from = <name> v<n>``; the adapter's version
+gets ``merged_model = <name>-merged v<m>`` and the run ``rollflow.registry.merged_model``.
 What it is not: the rule itself (``registry.py``), the run's artifacts (the flow logs them before), or
 Prefect: the flow's ``tasks.finalize.finish_tracking`` calls this and logs the outcome.
 """
@@ -15,8 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from rollflow.api.config import ExperimentConfig
+from rollflow.tracking.base_model import base_model_identity
 from rollflow.tracking.mlflow_tracker import MlflowTracker
 from rollflow.tracking.registry import decide_registration, incumbent_tags
 from storage.checkpoints import CheckpointStore
@@ -83,13 +92,46 @@ def apply_registry_gate(
             "registry_detail": decision.detail,
             **lineage_tags(),
         }
-        if store.get(final_version).is_adapter:  # LoRA: register base + adapter, merged
-            from rollflow.training.lora import merge_adapter_dir
-
-            local = merge_adapter_dir(cfg.model.path, local, local.with_name(f"{local.name}-merged"))
-            version_tags.update(lora_rank=str(cfg.train.lora.rank), lora_base_model=cfg.model.path)
-        registry_version = tracker.register_checkpoint(local, version=final_version, extra_tags=version_tags)
-        tags["rollflow.registry.version"] = registry_version
+        if store.get(final_version).is_adapter:
+            registry_version, merged = _register_lora(cfg, tracker, local, final_version, version_tags)
+            if merged is not None:
+                tags["rollflow.registry.merged_model"] = merged
+        else:
+            registry_version = tracker.register_checkpoint(
+                local, version=final_version, extra_tags=version_tags
+            )
         registered = f"{tracker.model_name} v{registry_version}"
+        tags["rollflow.registry.version"] = registry_version
     tracker.set_tags(tags)
     return GateOutcome(registered, decision.reason, tags)
+
+
+def _register_lora(
+    cfg: ExperimentConfig,
+    tracker: MlflowTracker,
+    adapter_dir: Path,
+    version: int,
+    version_tags: dict[str, str],
+) -> tuple[str, str | None]:
+    """Register the adapter with its base's identity, then (``tracking.register_merged``) base + adapter
+    merged under ``tracker.merged_model_name``, linked both ways; returns (the adapter's registry version,
+    ``<name>-merged v<m>`` or None)."""
+    base = base_model_identity(cfg.model.path)
+    tags = {**version_tags, "lora_rank": str(cfg.train.lora.rank)}
+    adapter_version = tracker.register_checkpoint(adapter_dir, version=version, extra_tags=tags, base=base)
+    if not cfg.tracking.register_merged:
+        return adapter_version, None
+    from rollflow.training.lora import merge_adapter_dir
+
+    merged_dir = merge_adapter_dir(
+        str(base.local_dir), adapter_dir, adapter_dir.with_name(f"{adapter_dir.name}-merged")
+    )
+    merged_version = tracker.register_checkpoint(
+        merged_dir,
+        version=version,
+        extra_tags={**tags, **base.tags()},
+        merged_from=f"{tracker.model_name} v{adapter_version}",
+    )
+    merged = f"{tracker.merged_model_name} v{merged_version}"
+    tracker.client.set_model_version_tag(tracker.model_name, adapter_version, "merged_model", merged)
+    return adapter_version, merged

@@ -47,6 +47,16 @@ class TrackingConfig:
     registered_model_name: str | None = field(
         default=None, metadata=help_("Registry name; None = '<experiment>-policy'.")
     )
+    register_merged: bool = field(
+        default=True,
+        metadata=help_(
+            "LoRA runs (train.lora.rank > 0): the registry gets the adapter itself (peft files, with its base "
+            "model's name, revision and weights digest) under the registry name; true also registers base + "
+            "adapter merged, a plain transformers model, as '<registry name>-merged', which vLLM/SGLang serve "
+            "as is (no --enable-lora, no rank limit, no LoRA kernels per token). It costs a full copy of the "
+            "weights in the registry per registration. false: the adapter only. Full fine-tuning ignores it."
+        ),
+    )
     n_sample_trajectories: int = field(
         default=32, metadata=help_("Decoded trajectories logged as a table artifact.")
     )
