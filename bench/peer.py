@@ -374,15 +374,27 @@ def completions_to(run: dict[str, Any], threshold: float) -> float:
     return min(reached) * run["completions"] / max(1, run["steps"])
 
 
+def min_after(run: dict[str, Any], threshold: float) -> float:
+    """The lowest held-out accuracy of any snapshot after the first one at or above ``threshold`` (NaN if
+    none reached it): how well a run holds what it learned."""
+    curve = [a for _, a in sorted(run.get("curve", [])) if a is not None]
+    first = next((i for i, a in enumerate(curve) if a >= threshold), None)
+    return math.nan if first is None else min(curve[first:])
+
+
 def per_token_keys(by: dict[str, list[dict[str, Any]]], threshold: float = 0.8) -> dict[str, str]:
-    """``{system}_completions_to_{threshold}``: the median over the runs that got there, and how many did."""
+    """``{system}_completions_to_{threshold}``: the median over the runs that got there, and how many did;
+    ``{system}_min_acc_after_{threshold}``: the median of those runs' lowest accuracy after it."""
     out: dict[str, str] = {}
     for system in ("trl", "rollflow"):
         got = [c for c in (completions_to(r, threshold) for r in by.get(system, [])) if math.isfinite(c)]
+        held = [m for m in (min_after(r, threshold) for r in by.get(system, [])) if math.isfinite(m)]
         if by.get(system):
             out[f"{system}_completions_to_{threshold}"] = _fmt(median(got)) if got else "none"
             out[f"{system}_completions_to_{threshold}_spread"] = spread(got)
             out[f"{system}_runs_reaching_{threshold}"] = f"{len(got)}/{len(by[system])}"
+            out[f"{system}_min_acc_after_{threshold}"] = _fmt(median(held)) if held else "none"
+            out[f"{system}_min_acc_after_{threshold}_spread"] = spread(held)
     return out
 
 

@@ -71,3 +71,18 @@ def test_peer_harness_runs_both_systems_and_writes_curves(tmp_path: Path) -> Non
         batches = run["steps"] // epochs if name == "trl" else run["steps"]
         assert run["completions"] >= batches * 16 * 8, name
     assert float(lines["trl_completions_per_s"]) > 0 and float(lines["rollflow_completions_per_s"]) > 0
+
+
+def test_per_token_keys_count_generation_to_the_threshold_and_the_lowest_accuracy_after_it() -> None:
+    from bench.peer import per_token_keys
+
+    def run(curve: list[tuple[float, float]], step_acc: dict[str, float]) -> dict:
+        return {"curve": curve, "step_acc": step_acc, "completions": 12_800, "steps": 100}
+
+    reached = run([(0, 0.2), (15, 0.85), (30, 0.5), (45, 0.9)], {"0": 0.2, "50": 0.85, "100": 0.9})
+    never = run([(0, 0.2), (15, 0.7)], {"0": 0.2, "100": 0.7})
+    keys = per_token_keys({"rollflow": [reached, never]})
+    assert keys["rollflow_completions_to_0.8"] == "6400.000"  # step 50 x 128 completions per step
+    assert keys["rollflow_runs_reaching_0.8"] == "1/2"
+    assert keys["rollflow_min_acc_after_0.8"] == "0.500"  # the dip after first reaching 0.8
+    assert "trl_min_acc_after_0.8" not in keys
