@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -340,7 +342,10 @@ def run_command(
 ) -> int:
     """Run the flow in this process (a private Prefect API unless ``PREFECT_API_URL`` is set) and print
     its summary; the console shows the run's milestones (``flows.console``; ``verbose``: every step too).
-    Ctrl-C prints one line saying what was kept and how to resume (``flows.interrupt``)."""
+    Ctrl-C prints one line saying what was kept and how to resume (``flows.interrupt``); ``kill -USR1``
+    of the process prints every thread's stack to stderr (a stuck run says where it is stuck)."""
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     from flows.console import run_console
     from flows.interrupt import INTERRUPTED_STATUS, kept_line, quiet_interrupt_logs, trial_for_command
     from flows.local_api import local_prefect_api

@@ -155,8 +155,10 @@ def test_ctrl_c_prints_what_was_kept_and_the_resume_command(tmp_path: Path) -> N
     try:
         rc = proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGUSR1)  # every thread's stack into the log (faulthandler)
+        time.sleep(3)
         _kill_tree(proc, tag)
-        pytest.fail("the run did not exit within 120 s of Ctrl-C:\n" + log.read_text()[-3000:])
+        pytest.fail("the run did not exit within 120 s of Ctrl-C:\n" + log.read_text()[-12000:])
     exit_s = time.monotonic() - t0
     out = log.read_text()
     assert rc == 130, out[-3000:]
