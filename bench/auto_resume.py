@@ -12,10 +12,12 @@ clean from storage alone. It prints ``key value`` lines:
     recovery_s_median     and _range over the kills
     flow_runs             the deployment's runs of the trial (1 + kills when nothing else failed)
     auto_resumes          entries in the trial's orchestration/auto-resumes.json
+    staleness_max         the stalest trained group (step - 1 - head_version), from trainer/consumed/
+    staleness_held        staleness_max <= rollout.max_staleness (staleness_bound)
     audit_ok, positions_*, groups_trained_twice, final_version
 
 Run:  .venv/bin/python -m bench.auto_resume [--kills 3] [--steps 40]     (its own Prefect server; ~4 min)
-The test (``tests/recovery/test_auto_resume.py``) runs one kill against the session's Prefect server.
+The test (``tests/recovery/test_auto_resume.py``) runs three kills against the session's Prefect server.
 
 What it is not: a staleness or throughput bench; the kill moments are "after a step", not random.
 """
@@ -149,7 +151,8 @@ def run_auto_resume(
                 killed_at = time.time()
                 for pid in pids:  # the flow-run process (and anything else that carries its id)
                     os.kill(pid, signal.SIGKILL)
-                say(f"kill {i + 1}: SIGKILL {pids} of {current} after {seen} steps")
+                trained = len(_steps_after(trial_dir, 0))
+                say(f"kill {i + 1}: SIGKILL {pids} of {current} with {trained} steps trained")
                 while not _steps_after(trial_dir, killed_at):
                     _check_time(deadline, workdir, "training again after the kill")
                     time.sleep(0.2)
@@ -183,6 +186,7 @@ def run_auto_resume(
     if recoveries:
         figures["recovery_s_median"] = round(statistics.median(recoveries), 1)
         figures["recovery_s_range"] = f"{min(recoveries):.1f}-{max(recoveries):.1f}"
+    figures.update(staleness_from_storage(trial_dir, _max_staleness(overrides)))
     audit = audit_config(CONFIG, overrides)
     figures.update(
         audit_ok=audit.ok,
@@ -193,6 +197,30 @@ def run_auto_resume(
         final_version=audit.final_version,
     )
     return figures, audit
+
+
+def _max_staleness(overrides: list[str]) -> int:
+    from rollflow.configuration.loader import load_config
+
+    return load_config(CONFIG, overrides).rollout.max_staleness
+
+
+def staleness_from_storage(trial_dir: Path, max_staleness: int) -> dict[str, Any]:
+    """The staleness bound, checked from the trainer's audit trail alone (``trainer/consumed/step-*.json``).
+
+    Step ``s`` trains at policy version ``s - 1``; a group made under head version ``h`` is ``s - 1 - h``
+    versions stale, and the bound holds when that is ``<= max_staleness`` for every group of every step.
+    A step trained again after a resume rewrites its file; the surviving record is the one judged.
+    """
+    worst = -1
+    for f in sorted((trial_dir / "trainer" / "consumed").glob("step-*.json")):
+        rec = json.loads(f.read_text())
+        worst = max(worst, max((rec["step"] - 1 - h for h in rec["head_versions"]), default=-1))
+    return {
+        "staleness_max": worst,
+        "staleness_bound": max_staleness,
+        "staleness_held": worst <= max_staleness,
+    }
 
 
 def _check_time(deadline: float, workdir: Path, what: str) -> None:
@@ -235,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in audit.problems:
         print("problem", p)
     ok = audit.ok and figures["final_state"] == "Completed" and figures["auto_resumes"] == args.kills
+    ok = ok and figures["staleness_held"]
     return 0 if ok else 1
 
 

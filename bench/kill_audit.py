@@ -68,7 +68,7 @@ class Life:
 
     index: int
     started_at: float  # unix seconds, just before the process started
-    stopped_by: str = "-"  # SIGKILL | SIGTERM | - (ran to its end)
+    stopped_by: str = "-"  # SIGKILL | SIGTERM | SIGTERM+SIGKILL (its grace ran out) | - (ran to its end)
     stop_delay_s: float | None = None  # after its rollout started (see _stop_at_random)
     exit_s: float | None = None  # from the signal to the process's exit (SIGTERM)
     rc: int | None = None
@@ -146,12 +146,14 @@ def run_kill_audit(
     seed: int = 0,
     workdir: Path | None = None,
     extra: Sequence[str] = (),
+    graces: Sequence[float] = (),
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> tuple[dict[str, Any], Audit, list[Life]]:
     """Run, stop ``kills`` times at random moments, resume, finish; then audit. Returns (figures, audit, lives).
 
     A stop comes ``uniform(0, window_s)`` seconds after the life's rollout started (its first takeover
-    or state file, so also in the moments after it took its predecessor's blocks over). ``steps`` (default ``20 * kills``) should
+    or state file, so also in the moments after it took its predecessor's blocks over). ``graces[i]``
+    (default 120 s) is how long stop ``i`` may take before a SIGKILL follows. ``steps`` (default ``20 * kills``) should
     outlast the stops; a life that finishes before its stop ends the stopping early (``kills`` says how
     many stops happened).
     """
@@ -195,7 +197,8 @@ def run_kill_audit(
             )
         try:
             if i < kills:
-                _stop_at_random(proc, started, life, sig, rng, window_s)
+                grace = graces[i] if i < len(graces) else 120.0
+                _stop_at_random(proc, started, life, sig, rng, window_s, grace)
             life.rc = proc.wait(timeout=900)
         finally:
             if proc.poll() is None:
@@ -284,8 +287,10 @@ def _stop_at_random(
     sig: signal.Signals,
     rng: random.Random,
     window_s: float,
+    grace_s: float = 120.0,
 ) -> None:
-    """Send ``sig`` ``uniform(0, window_s)`` s after ``started()`` turns true (if the process still runs).
+    """Send ``sig`` ``uniform(0, window_s)`` s after ``started()`` turns true (if the process still runs),
+    and SIGKILL it if it has not exited ``grace_s`` later (a preemption's grace running out).
 
     The rollout's start is read from storage (polled every 20 ms): its first takeover record, or else
     the first state file of its incarnation (written at its first claim), so a stop can also land in
@@ -306,10 +311,11 @@ def _stop_at_random(
     proc.send_signal(sig)
     life.stopped_by, life.stop_delay_s = sig.name, round(delay, 2)
     try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:  # a graceful stop that hangs: record it and kill it
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:  # the grace ran out (or a graceful stop hangs): kill it
         proc.kill()
         proc.wait()
+        life.stopped_by = f"{sig.name}+SIGKILL"
     life.exit_s = round(time.monotonic() - sent, 2)
 
 
