@@ -15,7 +15,6 @@ What it is not: a scheduler (the flow submits the loops) or a retry policy.
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -40,7 +39,6 @@ def join_loops(
     def join(name: str) -> None:
         fut = futures[name]
         try:
-            _wait_interruptibly(fut)
             results[name] = fut.result()
         except BaseException as e:  # noqa: BLE001 (re-raised below as LoopFailedError, or as is)
             state = getattr(fut, "state", None)
@@ -84,21 +82,6 @@ def join_loops(
         message += f"; {other} also failed: {type(errors[other]).__name__}: {errors[other]}"
     get_run_logger().error("%s failed: %s", name, message)
     raise LoopFailedError(name, message) from err
-
-
-def _wait_interruptibly(fut: PrefectFuture[Any], poll_s: float = 0.5) -> None:
-    """Wait for ``fut`` in ``poll_s`` slices, so that Ctrl-C reaches this (main) thread within ``poll_s``.
-
-    CPython runs signal handlers only in the main thread, between bytecodes. When the kernel delivers
-    SIGINT to another thread (the trainer's, a server client's), a main thread blocked in one untimed
-    ``fut.result()`` is not woken and never raises ``KeyboardInterrupt``: the run would train on after
-    Ctrl-C. A timed wait returns to the interpreter, which then runs the pending handler.
-    """
-    wrapped = getattr(fut, "wrapped_future", None)
-    if not isinstance(wrapped, concurrent.futures.Future):
-        return  # another runner's future: its own result() waits
-    while not wrapped.done():
-        concurrent.futures.wait([wrapped], timeout=poll_s)
 
 
 def _cancelled_data(fut: PrefectFuture[Any]) -> Mapping[str, Any] | None:

@@ -75,7 +75,13 @@ def _start(
     ]  # fmt: skip
     log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 (outlives this function)
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=_env(tmp_path, tag), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        cmd,
+        cwd=ROOT,
+        env=_env(tmp_path, tag),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_ctrl_c_reaches_it,
     )
     wanted = tmp_path / "storage" / "tiny-arith" / name / until
     deadline = time.monotonic() + 600
@@ -88,6 +94,13 @@ def _start(
         _kill_tree(proc, tag)
         raise
     return proc, tag, tmp_path / f"{name}.log"
+
+
+def _ctrl_c_reaches_it() -> None:  # runs in the child between fork and exec
+    """Give the run SIGINT's default disposition, as a terminal's foreground job has. A test suite started
+    in the background of a non-interactive shell (``cmd &``) inherits SIGINT ignored, and Python then
+    installs no KeyboardInterrupt handler: Ctrl-C could not reach the run at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _kill_tree(proc: subprocess.Popen[bytes], tag: str) -> None:
