@@ -272,7 +272,8 @@ def test_generation_stops_at_the_models_eos_which_is_trained_on_and_hidden_from_
             else:
                 assert row.finish_reason == "length" and len(completion) == max_new and eos not in completion
                 text_ids = completion
-            text = "".join(tokenizer.convert_ids_to_tokens(text_ids))  # one character per id
+            special = set(tokenizer.all_special_ids)  # the reward sees the text with special tokens skipped
+            text = "".join(tokenizer.convert_ids_to_tokens([i for i in text_ids if i not in special]))
             r = rows[g.prompt_id]
             assert row.reward == (1.0 if text.strip() == r["solution"] else 0.0)
             expected_calls.append((r["problem"], text, r["solution"], (("kind", r["kind"]),)))
