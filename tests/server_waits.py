@@ -14,10 +14,15 @@ from typing import Any
 from rollflow.inference.routing import control_call
 
 
+def running_output_tokens(addr: str) -> int:
+    """Output tokens the CPU server at ``addr`` has generated for its running requests so far."""
+    return int(control_call(addr, "/get_server_info")["internal_states"][0]["running_output_tokens"])
+
+
 async def until_generating(addr: str, tokens: int, timeout_s: float = 10.0) -> None:
     """Return once the server at ``addr`` has ``tokens`` output tokens in flight; fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while control_call(addr, "/get_server_info")["internal_states"][0]["running_output_tokens"] < tokens:
+    while running_output_tokens(addr) < tokens:
         assert time.monotonic() < deadline, f"{addr} did not reach {tokens} running output tokens"
         await asyncio.sleep(0.01)
 

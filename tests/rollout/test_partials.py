@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from server_waits import running_output_tokens
+
 from rollflow.api.config import ExperimentConfig
 from rollflow.inference.routing import control_call
 from rollflow.inference.sglang_protocol import ROUTE_UPDATE_WEIGHTS
@@ -71,8 +73,7 @@ def _life(
             time.sleep(stop_after)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                info = control_call(addr, "/get_server_info")["internal_states"][0]
-                if info["running_output_tokens"] >= 8:
+                if running_output_tokens(addr) >= 8:
                     break
                 time.sleep(0.005)
             stop.set()
