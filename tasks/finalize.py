@@ -15,7 +15,9 @@ It reuses the trial's MLflow run and runs only the steps that are not there yet:
 - an ``eval/accuracy`` point at the final version exists: it is the final evaluation (the periodic
   evaluation never scores the final version), so no server is started; else the servers start, the
   checkpoint watcher loads the final version and it is scored;
-- a registry decision tag exists: it stands (nothing is registered twice); else the gate decides;
+- a registry decision tag exists: it stands (nothing is registered twice); else the gate decides, or
+  finishes registering what it had decided (``rollflow.registry.stage = registering``: the gate keeps
+  that decision and registers only what is missing);
 - the run ends FINISHED and the record is written.
 
 A run that already ended FINISHED with a decision (finalized before records existed) only gets its

@@ -236,6 +236,10 @@ class MlflowTracker:
         return f"{ui_base_url(self.tracking_uri)}/#/experiments/{exp_id}/runs/{self.run_id}"
 
     # -- artifacts ---------------------------------------------------------------------------
+    def run_tags(self) -> dict[str, str]:
+        """The tags of the trial's run as the store has them now ({} before ``start``)."""
+        return {} if self.run_id is None else dict(self.client.get_run(self.run_id).data.tags)
+
     def set_tags(self, tags: dict[str, Any]) -> None:
         for k, v in tags.items():
             self.client.set_tag(self.run_id, k, str(v))
@@ -317,7 +321,13 @@ class MlflowTracker:
         register it (moving the ``latest-rl`` alias); returns the registry version. The caller decides
         whether to. With ``base``, ``local_dir`` is a LoRA adapter of it (the logged model ``adapter``,
         tagged with the base's identity). With ``merged_from`` (``<name> v<n>``, the registered adapter),
-        ``local_dir`` is that adapter merged into its base: it goes under ``merged_model_name``."""
+        ``local_dir`` is that adapter merged into its base: it goes under ``merged_model_name``.
+        Idempotent: a version this run already registered for ``version`` (a finalize that stopped after
+        registering and is resumed) is returned again, with the alias on it, and nothing is logged twice."""
+        registry = Registry(self.client, self.merged_model_name) if merged_from else self.registry
+        if self.run_id is not None and (done := registry.registered_by(self.run_id, version)) is not None:
+            registry.point_alias(done)
+            return done
         tags = {"policy_version": str(version), "trial": self.cfg.trial, "experiment": self.cfg.experiment}
         tags.update({k: str(v) for k, v in (extra_tags or {}).items()})
         if base is not None:
@@ -342,7 +352,6 @@ class MlflowTracker:
             what = f"rank-{lora_rank} LoRA adapter (peft) of {base.name}: {what}"
         elif merged_from is not None:
             what = f"{what}: the LoRA adapter {merged_from} merged into its base"
-        registry = Registry(self.client, self.merged_model_name) if merged_from else self.registry
         return registry.register(self.run_id, model, tags=tags, description=what)
 
 

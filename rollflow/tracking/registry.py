@@ -127,6 +127,21 @@ class Registry:
         acc = tags.get("eval_accuracy")
         return Incumbent(str(mv.version), float(acc) if acc not in (None, "") else None, tags)
 
+    def registered_by(self, run_id: str, policy_version: int) -> str | None:
+        """The version of this model that run ``run_id`` already registered for ``policy_version``, if any:
+        what makes registering idempotent when a finalize that stopped half-way is resumed."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            found = self.client.search_model_versions(f"name='{self.model_name}' and run_id='{run_id}'")
+        except MlflowException:
+            return None  # no registered model of that name yet
+        mine = [mv for mv in found if mv.tags.get("policy_version") == str(policy_version)]
+        return str(min(int(mv.version) for mv in mine)) if mine else None
+
+    def point_alias(self, version: str) -> None:
+        self.client.set_registered_model_alias(self.model_name, ALIAS, version)
+
     def register(self, run_id: str, model: LoggedChatModel, *, tags: dict[str, str], description: str) -> str:
         """Create a model version of the logged ``model`` (``models:/m-...``, made by ``run_id``) and point
         the alias at it."""
@@ -142,7 +157,7 @@ class Registry:
             tags=tags,
             description=description,
         )
-        self.client.set_registered_model_alias(self.model_name, ALIAS, mv.version)
+        self.point_alias(str(mv.version))
         return str(mv.version)
 
     def download(self, dst: str | Path, tracking_uri: str) -> tuple[Path, Incumbent]:

@@ -14,6 +14,13 @@ digest ``lora_base_model_blake3``, a hub base's ``lora_base_model_revision``). W
 ``tracking.register_merged`` (the default) the adapter merged into its base (``merge_adapter_dir``) is
 registered as well, under ``<name>-merged``, tagged ``merged_from = <name> v<n>``; the adapter's version
 gets ``merged_model = <name>-merged v<m>`` and the run ``rollflow.registry.merged_model``.
+Registering survives a stop half-way (issue 20's failure window: the adapter registered, then the merged
+model failed, or the process was killed): the decision is made once and written to the run first, with
+``rollflow.registry.stage = registering`` and without ``rollflow.registry.decision``; registration is
+idempotent per (run, policy version, model name) (``MlflowTracker.register_checkpoint``); the decision
+tag is written last, with the stage ``done``. A resumed finalize (``tasks.finalize``) finds no decision
+tag and calls the gate again, which takes the written decision rather than judging anew (by then the
+alias may point at the run's own adapter) and registers only what is missing.
 What it is not: the rule itself (``registry.py``), the run's artifacts (the flow logs them before), or
 Prefect: the flow's ``tasks.finalize.finish_tracking`` calls this and logs the outcome.
 """
@@ -32,6 +39,7 @@ from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
 
 DECISION_TAG = "rollflow.registry.decision"
+STAGE_TAG = "rollflow.registry.stage"  # registering | done
 
 
 @dataclass(frozen=True)
@@ -70,26 +78,19 @@ def apply_registry_gate(
         tracker.set_tags({DECISION_TAG: "disabled"})
         return GateOutcome(None, "disabled", {DECISION_TAG: "disabled"})
     after = float(eval_accuracy_after)
-    incumbent = tracker.registry.incumbent()
-    if incumbent is not None and source_model_version == incumbent.version:
-        # the run started from the incumbent: its "before" score is the incumbent on this eval set
-        incumbent = incumbent.rescore(float(eval_accuracy_before))
-    decision = decide_registration(steps_trained=steps_trained, eval_accuracy=after, incumbent=incumbent)
-    tags = {
-        DECISION_TAG: "registered" if decision.register else "skipped",
-        "rollflow.registry.reason": decision.reason,
-        "rollflow.registry.detail": decision.detail,
-    }
-    if incumbent is not None:
-        tags.update(incumbent_tags(incumbent))
+    tags = _decided_before(tracker)
+    if tags is None:
+        tags = _decide(tracker, steps_trained, after, eval_accuracy_before, source_model_version)
+        if tags[DECISION_TAG] == "registered":  # written before registering: a resume finishes it
+            tracker.set_tags({**_without_decision(tags), STAGE_TAG: "registering"})
     registered = None
-    if decision.register:
+    if tags[DECISION_TAG] == "registered":
         store = CheckpointStore(storage)
         local = store.fetch(final_version, f"{cfg.storage.local_cache}/{cfg.experiment}/{cfg.trial}")
         version_tags = {
             "eval_accuracy": f"{after:.4f}",
-            "registry_reason": decision.reason,
-            "registry_detail": decision.detail,
+            "registry_reason": tags["rollflow.registry.reason"],
+            "registry_detail": tags["rollflow.registry.detail"],
             **lineage_tags(),
         }
         if store.get(final_version).is_adapter:
@@ -102,8 +103,46 @@ def apply_registry_gate(
             )
         registered = f"{tracker.model_name} v{registry_version}"
         tags["rollflow.registry.version"] = registry_version
+        tags[STAGE_TAG] = "done"
     tracker.set_tags(tags)
-    return GateOutcome(registered, decision.reason, tags)
+    return GateOutcome(registered, tags["rollflow.registry.reason"], tags)
+
+
+def _decide(
+    tracker: MlflowTracker,
+    steps_trained: int,
+    after: float,
+    before: float,
+    source_model_version: str | None,
+) -> dict[str, str]:
+    """The decision tags of ``decide_registration`` against the incumbent (re-scored by ``before`` when the
+    run started from it)."""
+    incumbent = tracker.registry.incumbent()
+    if incumbent is not None and source_model_version == incumbent.version:
+        # the run started from the incumbent: its "before" score is the incumbent on this eval set
+        incumbent = incumbent.rescore(float(before))
+    decision = decide_registration(steps_trained=steps_trained, eval_accuracy=after, incumbent=incumbent)
+    tags = {
+        DECISION_TAG: "registered" if decision.register else "skipped",
+        "rollflow.registry.reason": decision.reason,
+        "rollflow.registry.detail": decision.detail,
+    }
+    if incumbent is not None:
+        tags.update(incumbent_tags(incumbent))
+    return tags
+
+
+def _decided_before(tracker: MlflowTracker) -> dict[str, str] | None:
+    """The decision an earlier call wrote before it stopped half-way through registering, or None."""
+    prior = tracker.run_tags()
+    if prior.get(STAGE_TAG) != "registering":
+        return None
+    kept = {k: v for k, v in prior.items() if k.startswith("rollflow.registry.") and k != STAGE_TAG}
+    return {**kept, DECISION_TAG: "registered"}
+
+
+def _without_decision(tags: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in tags.items() if k != DECISION_TAG}
 
 
 def _register_lora(

@@ -78,9 +78,13 @@ def _published_adapter(base: Path, out: Path, rank: int) -> Path:
 
 def _gate(tmp: Path, base: Path, adapter: Path, experiment: str, *extra: str) -> tuple[str, GateOutcome]:
     """Commit ``adapter`` as version 3 of a trial and run the registry gate on it; (run id, outcome)."""
+    cfg, storage = _trial(tmp, base, adapter, experiment, *extra)
+    return _run_gate(cfg, storage)
+
+
+def _trial(tmp: Path, base: Path, adapter: Path, experiment: str, *extra: str) -> tuple[Any, Any]:
+    """A trial whose version 3 is ``adapter`` (committed): (config, storage)."""
     from rollflow.configuration.trial_storage import open_trial_storage
-    from rollflow.tracking.mlflow_tracker import MlflowTracker
-    from rollflow.tracking.registry_gate import apply_registry_gate
     from storage.checkpoints import CheckpointStore
 
     cfg = load_config(
@@ -97,20 +101,30 @@ def _gate(tmp: Path, base: Path, adapter: Path, experiment: str, *extra: str) ->
     )
     storage = open_trial_storage(cfg)
     CheckpointStore(storage).publish(adapter, 3)
+    return cfg, storage
+
+
+def _run_gate(cfg: Any, storage: Any) -> tuple[str, GateOutcome]:
+    """The gate on version 3, in the trial's run (started, or found again as a resumed finalize does)."""
+    from rollflow.tracking.mlflow_tracker import MlflowTracker
+    from rollflow.tracking.registry_gate import apply_registry_gate
+
     tracker = MlflowTracker(cfg)
     tracker.start()
-    outcome = apply_registry_gate(
-        cfg,
-        tracker,
-        storage,
-        final_version=3,
-        steps_trained=3,
-        eval_accuracy_after=0.5,
-        eval_accuracy_before=0.25,
-        source_model_version=None,
-        lineage_tags=lambda: {"rollflow.lineage.dataset": "add"},
-    )
-    tracker.finish()
+    try:
+        outcome = apply_registry_gate(
+            cfg,
+            tracker,
+            storage,
+            final_version=3,
+            steps_trained=3,
+            eval_accuracy_after=0.5,
+            eval_accuracy_before=0.25,
+            source_model_version=None,
+            lineage_tags=lambda: {"rollflow.lineage.dataset": "add"},
+        )
+    finally:
+        tracker.finish()
     assert tracker.run_id is not None
     return tracker.run_id, outcome
 
@@ -265,6 +279,51 @@ def test_register_merged_false_registers_the_adapter_only(lora_run: LoraRun) -> 
     assert "merged_model" not in client.get_model_version("loraonly-policy", "1").tags
     with pytest.raises(MlflowException):
         client.get_registered_model("loraonly-policy-merged")
+
+
+def test_a_finalize_stopped_after_the_adapter_registered_finishes_without_registering_it_twice(
+    lora_run: LoraRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failure window of issue 20: the adapter is registered (and the alias moved to it), then merging
+    fails. The run holds the decision but no decision tag, so a resumed finalize calls the gate again: it
+    keeps the first decision (not "eval-tied" against its own adapter), registers the adapter no second
+    time and registers the merged model."""
+    from mlflow.tracking import MlflowClient
+
+    import rollflow.training.lora as lora
+
+    def no_disk(*args: Any, **kwargs: Any) -> Path:
+        raise OSError("No space left on device")
+
+    tmp = lora_run.work / "half-way"
+    cfg, storage = _trial(tmp, lora_run.base, lora_run.adapter, "lorahalf")
+    with monkeypatch.context() as patch:
+        patch.setattr(lora, "merge_adapter_dir", no_disk)
+        with pytest.raises(OSError, match="No space"):
+            _run_gate(cfg, storage)
+    client = MlflowClient(f"sqlite:///{tmp / 'db' / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("lorahalf").experiment_id])[0]
+    tags = run.data.tags
+    assert tags["rollflow.registry.stage"] == "registering" and "rollflow.registry.decision" not in tags
+    assert tags["rollflow.registry.reason"] == "first-version"
+    assert [str(v.version) for v in client.search_model_versions("name='lorahalf-policy'")] == ["1"]
+
+    run_id, outcome = _run_gate(cfg, storage)  # the resumed finalize
+    assert run_id == run.info.run_id
+    assert outcome.registered_model == "lorahalf-policy v1"
+    assert outcome.registry_decision == "first-version"
+    assert [str(v.version) for v in client.search_model_versions("name='lorahalf-policy'")] == ["1"]
+    assert [str(v.version) for v in client.search_model_versions("name='lorahalf-policy-merged'")] == ["1"]
+    tags = client.get_run(run_id).data.tags
+    assert tags["rollflow.registry.decision"] == "registered" and tags["rollflow.registry.stage"] == "done"
+    assert tags["rollflow.registry.merged_model"] == "lorahalf-policy-merged v1"
+    assert (
+        client.get_model_version("lorahalf-policy", "1").tags["merged_model"] == "lorahalf-policy-merged v1"
+    )
+
+    _run_gate(cfg, storage)  # once more, all done: still one version of each
+    assert len(client.search_model_versions("name='lorahalf-policy'")) == 1
+    assert len(client.search_model_versions("name='lorahalf-policy-merged'")) == 1
 
 
 def test_a_hub_base_is_identified_by_its_cached_revision(
