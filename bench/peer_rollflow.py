@@ -102,10 +102,7 @@ class SnapshotHooks:
     def take(self, version: int) -> None:
         t_begin = time.perf_counter()
         t = self.clock.now()
-        sd = {
-            k: v.detach().to("cpu", copy=True).contiguous()
-            for k, v in self.trainer.model.state_dict().items()
-        }
+        sd = _policy_weights(self.trainer.model)
         self.snapshots.append({"t": t, "step": version, "weights": sd})
         while self._next_mark <= t:
             self._next_mark += self.every_s
@@ -356,6 +353,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{name}_completions_per_s {curve['completions_per_s']:.1f}")
     print(f"{name}_s_per_step {curve['train_seconds'] / max(1, curve['steps']):.3f}")
     return 0
+
+
+def _policy_weights(model: Any) -> dict[str, Any]:
+    """The policy's weights under the base model's names: a LoRA policy (``train.lora``) is snapshotted
+    merged (W + (alpha / r) B A, peft's ``merge_and_unload`` on a copy), so the scorer loads either kind."""
+    import copy
+
+    from rollflow.training.distributed import unwrap
+
+    inner = unwrap(model)
+    if hasattr(inner, "peft_config"):
+        inner = copy.deepcopy(inner).merge_and_unload()
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in inner.state_dict().items()}
 
 
 if __name__ == "__main__":
