@@ -37,20 +37,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from bench.prefect_local import BIN, ROOT, deploy_local, start_worker, stop_worker
+from bench.prefect_local import prefect_cli as _prefect
+
 CONFIG = "configs/tiny_cpu.yaml"
 DEPLOYMENT = "async-rl/local"
-
-
-def _prefect(env: dict[str, str], *args: str, timeout: float = 300) -> str:
-    res = subprocess.run(
-        [str(BIN / "prefect"), "--no-prompt", *args],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-    if res.returncode != 0:
-        raise RuntimeError(f"prefect {' '.join(args)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return res.stdout
 
 
 def flow_run_pids(flow_run_id: str) -> list[int]:
@@ -115,17 +106,8 @@ def run_auto_resume(
         f"trial={trial}",
     ]
     trial_dir = workdir / "storage" / "tiny-arith" / trial
-    try:
-        _prefect(env, "work-pool", "create", "rollflow-local", "--type", "process")
-    except RuntimeError as e:
-        if "already exists" not in str(e):
-            raise
-    _prefect(env, "deploy", "--all")
-    log = open(workdir / "worker.log", "wb")  # noqa: SIM115 (closed in finally)
-    worker = subprocess.Popen(
-        [str(BIN / "prefect"), "worker", "start", "--pool", "rollflow-local"],
-        env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+    deploy_local(env)
+    worker = start_worker(env, workdir / "worker.log")
     figures: dict[str, Any] = {}
     recoveries: list[float] = []
     deadline = time.monotonic() + timeout_s
@@ -172,13 +154,7 @@ def run_auto_resume(
             figures["auto_resumed"] = sum(1 for r in runs if r.parameters.get("auto_resume_of"))
             figures["states"] = ",".join(r.state.name if r.state else "?" for r in runs)
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
-        log.close()
+        stop_worker(worker)
     budget = json.loads((trial_dir / "orchestration" / "auto-resumes.json").read_text())
     figures["auto_resumes"] = len(budget["resumes"])
     for i, r in enumerate(recoveries, 1):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -28,6 +28,10 @@ from rollflow.configuration.trial_storage import open_trial_storage
 from rollflow.timing.clock import Timeline
 from rollflow.tracking.prefix_sink import PrefixSink
 from tasks.runtime import interrupted, run_sync
+
+if TYPE_CHECKING:
+    from rollflow.inference.watcher import CheckpointWatcher
+    from storage.fs import Storage
 
 
 @task(name="rollout-loop", cache_policy=NO_CACHE, persist_result=False)
@@ -77,6 +81,7 @@ def rollout_loop(
     if supervisor is not None:
         supervisor.add_listener(link)
     watcher.start()
+    _catch_up(cfg, storage, watcher)
     name = writer_name or rollout_worker_id(_flow_run_id())  # unique per flow run, stable across retries
 
     async def run() -> RolloutSummary:
@@ -124,6 +129,25 @@ def rollout_loop(
     if done is None and stop_event.is_set():  # stopped from outside before the trainer finished
         return interrupted(out, "rollout stopped before the trainer finished")
     return out
+
+
+def _catch_up(cfg: ExperimentConfig, storage: Storage, watcher: CheckpointWatcher) -> None:
+    """A resumed trial's servers start on the base weights (version 0): wait until they serve the newest
+    committed version before generating, so nothing (a continued partial episode above all) is generated
+    by a policy the staleness bound would reject anyway. A fresh trial (no version past 0) waits for nothing."""
+    from storage.checkpoints import CheckpointStore
+
+    latest = CheckpointStore(storage).latest_version()
+    if not latest:
+        return
+    if not watcher.wait_for_version(latest, timeout_s=cfg.inference.startup_timeout_s):
+        get_run_logger().warning(
+            "servers did not reach v%d within %.0f s before the rollout started; generating anyway (the "
+            "staleness bound judges what they make); last error: %s",
+            latest,
+            cfg.inference.startup_timeout_s,
+            watcher.errors[-1:],
+        )
 
 
 def _flow_run_id() -> str | None:

@@ -207,7 +207,10 @@ class RolloutWorker:
     async def _local_stop_reason(self) -> StopReason | None:
         limit = self.cfg.rollout.max_groups
         if self.stop_event is not None and self.stop_event.is_set():
-            return "stop_event"
+            # the embedded flow sets the event when training ends too: that is the trial's end, and
+            # nothing in flight is kept for a resume that will not come
+            done = await asyncio.to_thread(self.done_store.is_done)
+            return "done" if done is not None else "stop_event"
         if limit is not None and self.staleness.accepted_total >= limit:
             return "limit"
         if self.executor.n_running == 0 and await asyncio.to_thread(lambda: self.source.exhausted):

@@ -154,6 +154,16 @@ def test_done_marker_stops_the_loop(storage: Storage) -> None:
     assert summary.stopped_by == "done"
 
 
+def test_a_stop_event_after_the_trainer_finished_is_the_end_not_a_graceful_stop(storage: Storage) -> None:
+    """The embedded flow sets ``stop_event`` when training ends: with the done marker there, the loop
+    reports "done", so ``keep_partials`` keeps nothing for a resume that will not come."""
+    CheckpointStore(storage).mark_done({"version": 3})
+    stop = threading.Event()
+    stop.set()
+    summary = _run(_cfg(), storage, _rows(3), stop_event=stop)
+    assert summary.stopped_by == "done"
+
+
 def test_malformed_rows_raise_naming_index_and_field_or_are_skipped(storage: Storage) -> None:
     rows: list[Any] = _rows(4)
     rows[2] = {"prompt_id": "p2", "messages": "not a list", "answer": "1"}
