@@ -18,6 +18,11 @@ family's ``warm_start_pool()`` - never a held-out problem - with the loss on the
 * ``add_gap`` / ``shift_gap``: right labels only, on the family's support (no operand in 40-59; no
   shift of 4 or 5); the held-out problems lie outside it. The two ``add_habit`` knobs are unused.
 
+* ``tool_lookup``: whole conversations (``warm_start_example``), the tool always used for the clean
+  phase, then the ``unknown`` habit. The task declares a probe of its two copies
+  (``rollflow.models.warm_start_probe``): at the end of the clean phase, while the probe fails, clean
+  steps continue, up to ``cfg.warm_start_probe_extra_steps``; the marker records every probe.
+
 Figures for every family: ``python -m bench.task_check --task NAME``.
 
 Guarantees:
@@ -52,7 +57,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, get_args
 
@@ -63,13 +68,15 @@ from rollflow.api.config import ExperimentConfig, SyntheticTaskName, TinyModelCo
 from rollflow.data.synthetic import task_module
 from rollflow.data.tasks import SyntheticProblem
 from rollflow.models.tokenizer import CHARACTERS, build_tokenizer
+from rollflow.models.warm_start_probe import ProbeResult, probe, probe_examples
 
 logger = logging.getLogger(__name__)
 
 MARKER = "rollflow_bootstrap.json"
-RECIPE_VERSION = 2  # bump when a task, the tokenizer or the warm-start recipe changes: old dirs rebuild
+RECIPE_VERSION = 3  # bump when a task, the tokenizer or the warm-start recipe changes: old dirs rebuild
 DEFAULT_TASK: SyntheticTaskName = "add_habit"
 _WARMUP_STEPS = 30
+PROBE_EVERY = 50  # clean steps between two warm-start probes while the probe fails
 
 
 def tiny_llama_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
@@ -182,7 +189,7 @@ def warm_start(
     *,
     seed: int,
     task: SyntheticTaskName = DEFAULT_TASK,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Supervised warm start on a synthetic task family (see the module docstring). Returns loss figures.
 
     Labels (add_habit): right answers for ``step < warm_start_clean_fraction * steps``, then the habit
@@ -194,6 +201,13 @@ def warm_start(
 
     LR: linear warm-up over 30 steps, then cosine from ``warm_start_lr`` down to 10% of it.
     Right padding after ``<|im_end|>`` needs no attention mask: causal attention never looks ahead.
+
+    Probe (a task that declares ``warm_start_probe``; ``rollflow.models.warm_start_probe``): at the end
+    of the clean phase the probe runs; while it fails, clean steps continue at the lr reached, in
+    chunks of ``PROBE_EVERY``, up to ``cfg.warm_start_probe_extra_steps`` (the cosine schedule waits),
+    then the habit phase follows as planned. The probe runs again at the end. The returned figures
+    then hold ``probe_extra_steps`` and every probe's result. Tasks without a probe train exactly as
+    before (the probe draws from its own stream, so the data stream is untouched).
     """
     data = _WarmStartData(tokenizer, task, cfg.warm_start_p_correct, seed)
     least = data.task.MIN_WARM_START_STEPS
@@ -208,15 +222,22 @@ def warm_start(
         )
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, betas=(0.9, 0.98), weight_decay=0.0)
     steps = cfg.warm_start_steps
-    model.train()
-    losses: list[float] = []
-    for step in range(steps):
-        warm = min(1.0, (step + 1) / _WARMUP_STEPS)
-        cosine = 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * step / steps))
+    clean_steps = sum(1 for step in range(steps) if step < cfg.warm_start_clean_fraction * steps)
+    probe_fn = getattr(data.task, "warm_start_probe", None)
+    examples = probe_examples(probe_fn, tokenizer, task) if probe_fn is not None else []
+    probes: list[ProbeResult] = []
+    losses: list[float] = []  # one per optimizer step taken, extra steps included
+
+    def run_probe() -> ProbeResult:
+        pass_at = data.task.WARM_START_PROBE_PASS
+        result = probe(model, examples, step=len(losses), pad_id=data.pad, pass_at=pass_at)
+        probes.append(result)
+        logger.info("warm-start probe (%s), %s", task, result)
+        return result
+
+    def train_step(lr: float, p_correct: float) -> float:
         for group in opt.param_groups:
-            group["lr"] = cfg.warm_start_lr * warm * cosine
-        clean = step < cfg.warm_start_clean_fraction * steps  # curriculum: the sum first, then the habit
-        p_correct = 1.0 if clean else cfg.warm_start_p_correct
+            group["lr"] = lr
         input_ids, loss_mask = data.batch(cfg.warm_start_batch_size, p_correct)
         logits = model(input_ids=input_ids).logits[:, :-1]  # [B, T-1, V] predicts tokens 1..T-1
         nll = torch.nn.functional.cross_entropy(
@@ -228,12 +249,62 @@ def warm_start(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(loss.item())
+        return loss.item()
+
+    def scheduled_lr(step: int) -> float:
+        warm = min(1.0, (step + 1) / _WARMUP_STEPS)
+        cosine = 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * step / steps))
+        return cfg.warm_start_lr * warm * cosine
+
+    model.train()
+    extra = 0
+    for step in range(steps):
+        if examples and step == clean_steps > 0:  # the clean phase is over: are its lessons learnt?
+            extra = _train_until_probe_passes(
+                lambda: losses.append(train_step(scheduled_lr(clean_steps - 1), 1.0)),
+                run_probe,
+                cfg.warm_start_probe_extra_steps,
+                task,
+            )
+        clean = step < clean_steps  # curriculum: the sum (the tool and the copies) first, then the habit
+        losses.append(train_step(scheduled_lr(step), 1.0 if clean else cfg.warm_start_p_correct))
         if (step + 1) % 100 == 0:
             logger.debug("warm start step %d/%d loss %.4f", step + 1, steps, losses[-1])
+    if examples:
+        run_probe()  # after the habit: the copies, where the tool is called
     model.eval()
     tail = losses[-20:] or [float("nan")]
-    return {"final_loss": sum(tail) / len(tail), "first_loss": losses[0] if losses else float("nan")}
+    stats: dict[str, Any] = {
+        "final_loss": sum(tail) / len(tail),
+        "first_loss": losses[0] if losses else float("nan"),
+    }
+    if examples:
+        stats |= {"probe_extra_steps": extra, "probes": [r.as_dict() for r in probes]}
+    return stats
+
+
+def _train_until_probe_passes(
+    train_step: Callable[[], None], run_probe: Callable[[], ProbeResult], budget: int, task: str
+) -> int:
+    """Probe; while it fails, train ``PROBE_EVERY`` more steps and probe again, at most ``budget``
+    steps in all. Returns the steps added. Still failing at the end is logged, not raised: the
+    marker records the probes, and RL on such a model may plateau (docs/learning.md)."""
+    extra = 0
+    result = run_probe()
+    while not result.passed and extra < budget:
+        for _ in range(min(PROBE_EVERY, budget - extra)):
+            train_step()
+            extra += 1
+        result = run_probe()
+    if not result.passed:
+        logger.warning(
+            "the warm-start probe of task %s still fails after %d extra steps (%s); RL may not climb. "
+            "Raise model.tiny.warm_start_probe_extra_steps or try another seed.",
+            task,
+            extra,
+            result,
+        )
+    return extra
 
 
 def marker_key(cfg: TinyModelConfig, seed: int, task: SyntheticTaskName = DEFAULT_TASK) -> dict[str, Any]:

@@ -94,3 +94,20 @@ def test_tiny_agent_config_loads() -> None:
     assert cfg.rollout.workflow_kwargs["agent"] == "examples.agents.lookup_agent:agent"
     assert "max_staleness" not in cfg.rollout.workflow_kwargs  # it comes from rollout.max_staleness
     assert cfg.dataset.synthetic.n_eval <= len(tool_lookup.problem_pool("test"))
+
+
+def test_warm_start_probe_points_at_the_two_copies() -> None:
+    """The probe's conversations are held-out keys rendered as the warm start renders them; ``key`` is the
+    letter inside the call, ``digit`` the final answer, and the tool's message holds the same digit."""
+    tok = build_tokenizer()
+    rng = random.Random(0)
+    held_out_keys = {p.key for p in tool_lookup.problem_pool("test")}
+    for _ in range(20):
+        ids, at = tool_lookup.warm_start_probe(rng, tok)
+        text = tok.decode(ids)
+        key, digit = tok.decode([ids[at["key"]]]), tok.decode([ids[at["digit"]]])
+        assert key in held_out_keys and key.isupper() and digit.isdigit()
+        assert tok.decode(ids[at["key"] - 6 : at["key"] + 3]) == f"(key='{key}')"
+        assert f"code of {key}?" in text and f"tool\n{digit}{IM_END}" in text
+        assert tok.decode(ids[at["digit"] - 10 : at["digit"] + 1]).endswith(f"assistant\n{digit}")
+        assert at["digit"] == max(i for i, t in enumerate(ids) if t == ids[at["digit"]])

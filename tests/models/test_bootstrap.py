@@ -190,3 +190,32 @@ def test_default_model_is_small_and_has_the_habit(tmp_path: Path) -> None:
         t == p.distractor for t, p in zip(texts, problems, strict=True) if not p.round_operand
     )
     assert said_plus_one / len(habit) >= 0.6  # the habit is what greedy decoding shows
+
+
+def test_a_task_with_a_probe_trains_on_until_its_budget_and_the_marker_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """tool_lookup declares a probe (its two copies): after the clean phase (2 of 4 steps) it fails on an
+    untrained model, so the warm start adds up to warm_start_probe_extra_steps clean steps, then the habit;
+    the marker records the probes (after the clean phase, after each chunk, at the end) and the steps."""
+    cfg = dataclasses.replace(
+        SMALL,
+        warm_start_steps=4,
+        warm_start_batch_size=4,
+        warm_start_clean_fraction=0.5,
+        warm_start_probe_extra_steps=3,
+    )
+    with caplog.at_level("INFO", logger="rollflow.models.bootstrap"):
+        out = bootstrap_tiny_model(cfg, tmp_path / "agent", seed=1, task="tool_lookup")
+    stats = read_marker(out)["warm_start"]  # type: ignore[index]
+    assert stats["probe_extra_steps"] == 3
+    assert [p["step"] for p in stats["probes"]] == [2, 5, 7]
+    assert all(set(p["accuracy"]) == {"key", "digit"} and not p["passed"] for p in stats["probes"])
+    assert "still fails after 3 extra steps" in caplog.text
+    no_extra = dataclasses.replace(cfg, warm_start_probe_extra_steps=0)
+    stats = read_marker(bootstrap_tiny_model(no_extra, tmp_path / "b", seed=1, task="tool_lookup"))[
+        "warm_start"
+    ]  # type: ignore[index]
+    assert stats["probe_extra_steps"] == 0 and [p["step"] for p in stats["probes"]] == [2, 4]
+    habit = read_marker(bootstrap_tiny_model(cfg, tmp_path / "c", seed=1))["warm_start"]  # type: ignore[index]
+    assert "probes" not in habit  # a task without a probe: the warm start as before

@@ -29,7 +29,7 @@ class TinyModelConfig:
         default=512, metadata=help_("Longest sequence (prompt + completion, all turns) the tiny model takes.")
     )
     warm_start_batch_size: int = field(
-        default=64, metadata=help_("Sequences per warm-start step (each is 17-18 tokens).")
+        default=64, metadata=help_("Sequences per warm-start step (17-20 tokens each; tool_lookup's 50-75).")
     )
     warm_start_p_correct: float = field(
         default=0.2,
@@ -47,6 +47,15 @@ class TinyModelConfig:
         metadata=help_(
             "Tasks add_habit and tool_lookup. Fraction of warm-start steps trained on right answers only (the sum, "
             "or the tool call and the copies, are learnt faster without the habit); the rest add the habit."
+        ),
+    )
+    warm_start_probe_extra_steps: int = field(
+        default=0,
+        metadata=help_(
+            "Tasks that declare a warm-start probe (tool_lookup: the key and digit copies; "
+            "rollflow/models/warm_start_probe.py). The probe runs at the end of the clean phase; while it "
+            "fails, up to this many more clean steps (in chunks of 50, at the lr reached), then the "
+            "habit. 0: probe and record only. Other tasks: unused."
         ),
     )
 
@@ -77,6 +86,9 @@ class TinyModelConfig:
             "must divide model.tiny.num_heads",
         )
         check(self.warm_start_steps >= 0, "model.tiny.warm_start_steps", "must be >= 0")
+        check(
+            self.warm_start_probe_extra_steps >= 0, "model.tiny.warm_start_probe_extra_steps", "must be >= 0"
+        )
 
 
 @dataclass

@@ -21,13 +21,20 @@ row's table, and rewards an exact final answer. The model succeeds only with two
   habit. Greedy decoding then answers ``unknown`` (held-out success 0), sampling calls the tool ~20% of
   the time, so most GRPO groups of 8 hold a success (``1 - 0.8^8 = 0.83``) and RL has one behaviour to
   learn - call the tool first - that transfers to every row.
+* **The warm-start probe** (``warm_start_probe``, ``WARM_START_PROBE_PASS``): held-out conversations
+  with the tool, scored on the two copied tokens. Copying emerges after a plateau whose length depends
+  on the seed; the bootstrap trains on until each copy has mean probability >= 0.9
+  (``rollflow.models.warm_start_probe``).
 
 Why these choices (measured). A per-character model pays for every character, so the call is 18
 characters (Hermes' ``<tool_call>{json}</tool_call>`` would be 64) and an episode ~70 tokens. Both copies
 are made easy to attend to: the key is the only upper-case letter and the value the only digit in the
 conversation. A first version (two-letter lower-case keys, two-digit values fixed per key) did not learn
 to copy in 400 warm-start steps (greedy key copy 0.0, value copy 0.1: it memorised train keys' values
-instead, and copying by position over ~20 tokens had not emerged).
+instead, and copying by position over ~20 tokens had not emerged). With the default tiny shape (4
+layers, 4 heads of 2 KV heads, batch 64, lr 3e-3) the copies emerged at 300-600 steps or not at all
+depending on the seed; ``configs/tiny_agent.yaml``'s shape (2 layers, 8 heads, batch 16, lr 1e-3)
+learnt both by step 300-400 for seeds 1-5, at a tenth of the seconds a step (docs/learning.md).
 
 What it is not: the agent or its tool (``examples/agents/lookup_agent.py`` keeps its own copy of the
 tool schema, so the agent imports nothing of rollflow; ``tests/data/test_tool_lookup.py`` checks the
@@ -54,6 +61,7 @@ LOOKUP_TOOL: dict[str, Any] = {
 HABIT_ANSWER = "unknown"  # what the warm-started model says without the tool
 MAX_ANSWER_CHARS = len(HABIT_ANSWER)  # longest first-turn label other than the call
 MIN_WARM_START_STEPS = 300
+WARM_START_PROBE_PASS = 0.9  # mean probability of each copy (key, digit) the warm-start probe asks for
 N_DECOYS = 2  # other keys of the row's table, so a miscopied key finds a wrong value
 _HELD_OUT_BYTE_BELOW = 64  # sha256 first byte < 64  <=>  held out (1/4)
 
@@ -135,6 +143,22 @@ def warm_start_example(
     use_tool = rng.random() < p_correct
     drawn = LookupProblem(problem.key, rng.randrange(10)) if use_tool else problem
     return _rendered(drawn, use_tool, tokenizer)
+
+
+def warm_start_probe(rng: random.Random, tokenizer: Any) -> tuple[list[int], dict[str, int]]:
+    """One probe conversation for ``rollflow.models.warm_start_probe``: a held-out key with a fresh
+    digit, rendered as the warm start renders it, and the indices of the two copied tokens: ``key``
+    (in the call ``[lookup(key='K')]``) and ``digit`` (the final answer)."""
+    held_out = problem_pool("test")
+    base = held_out[rng.randrange(len(held_out))]
+    problem = LookupProblem(base.key, rng.randrange(10))
+    ids, mask = _rendered(problem, True, tokenizer)
+    key_id, digit_id = tokenizer.convert_tokens_to_ids([problem.key, problem.answer])
+    answer = [i for i, (t, m) in enumerate(zip(ids, mask, strict=True)) if m]
+    return ids, {
+        "key": next(i for i in answer if ids[i] == key_id),  # the only upper-case letter of the call
+        "digit": next(i for i in reversed(answer) if ids[i] == digit_id),  # the last turn's digit
+    }
 
 
 @cache
