@@ -267,6 +267,11 @@ class AgentEndpoint:
         except AgentRequestError as e:
             self.counts.calls_invalid += 1
             return web.json_response(error_body(str(e), param=e.param, code=e.code), status=400)
+        except ConnectionResetError:
+            # the agent went away before its request was read: at the end of a run, or an agent that was
+            # cancelled or timed out. Nobody is there to answer; no traceback.
+            logger.debug("agent endpoint: the client closed the connection before its request was read")
+            return web.Response(status=499)
         if not stream:
             return web.json_response(reply)
         events = chat_chunks(reply) if kind == "chat" else completion_chunks(reply)

@@ -262,3 +262,39 @@ def test_completion_prompts_one_text_or_ids() -> None:
     for bad in ({"prompt": ["a", "b"]}, {"prompt": ""}, {"prompt": [1, -2]}, {"prompt": "x", "echo": True}):
         with pytest.raises(AgentRequestError):
             parse_completion_request(bad)
+
+
+def test_a_client_that_leaves_mid_request_is_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    """At the end of a run the agents still calling are cancelled and their connections close before the
+    endpoint read their body: nobody is there to answer, and the log gets no traceback."""
+    import asyncio
+    import logging
+
+    from rollflow.agents.endpoint import AgentEndpoint
+    from rollflow.models.tokenizer import build_tokenizer
+
+    async def go() -> None:
+        endpoint = AgentEndpoint(build_tokenizer())
+        await endpoint.astart()
+        try:
+            port = int(endpoint.url.rsplit(":", 1)[1])
+            handle = endpoint.open_episode(client=None)  # type: ignore[arg-type]  # never reached
+            path = handle.base_url.removeprefix(endpoint.url) + "/chat/completions"
+            for _ in range(3):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(
+                    f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    f"Authorization: Bearer {handle.api_key}\r\nContent-Length: 1000\r\n\r\n".encode()
+                    + b'{"model": '
+                )  # 10 of the 1000 bytes promised, then gone
+                await writer.drain()
+                writer.close()
+                await writer.wait_closed()
+            await asyncio.sleep(0.3)  # the server notices the lost connections
+        finally:
+            await endpoint.aclose()
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(go())
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
