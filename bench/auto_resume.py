@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.prefect_local import BIN, ROOT, deploy_local, start_worker, stop_worker
+from bench.prefect_local import BIN, ROOT, deploy_local, start_worker, stop_worker, wait_http
 from bench.prefect_local import prefect_cli as _prefect
 
 CONFIG = "configs/tiny_cpu.yaml"
@@ -210,10 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args(argv)
-    from tests.conftest import _free_port, _wait_http  # the test suite's server helpers
+    from infra.servers import free_port
 
     workdir = Path(tempfile.mkdtemp(prefix="auto-resume-"))
-    port = _free_port()
+    port = free_port()
     env = dict(
         os.environ,
         PREFECT_HOME=str(workdir / "prefect"),
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         start_new_session=True,
     )  # fmt: skip
     try:
-        _wait_http(env["PREFECT_API_URL"] + "/health", server, timeout=120, what="prefect server")
+        wait_http(env["PREFECT_API_URL"] + "/health", server, timeout=120, what="prefect server")
         figures, audit = run_auto_resume(env, workdir, kills=args.kills, steps=args.steps)
     finally:
         os.killpg(server.pid, signal.SIGTERM)

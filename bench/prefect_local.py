@@ -5,6 +5,8 @@ its stdout (``RuntimeError`` with the output's tail when it fails); ``deploy_loc
 ``rollflow-local`` process pool (if missing) and deploys ``prefect.yaml``; ``start_worker(env, log)``
 starts a process worker on that pool in its own process group, its output in ``log``, and
 ``stop_worker(worker)`` stops it (SIGTERM, then SIGKILL to its group after 20 s). ``env`` points at a running server (``PREFECT_API_URL``).
+``wait_http(url, proc, timeout)`` waits until a server process started here answers on ``url`` (the
+test suite's servers use it too).
 
 What it is not: a server (``tests/conftest.py``'s ``prefect_server`` and ``bench.auto_resume.main`` start
 one), or the GPU deployments (``prefect-gpu.yaml``).
@@ -16,6 +18,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,3 +64,19 @@ def stop_worker(worker: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float, what: str = "moto server") -> None:
+    """Return once ``url`` answers (any HTTP status); ``RuntimeError`` if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited early with code {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=0.5).read()
+            return
+        except urllib.error.HTTPError:
+            return  # it answered
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not answer on {url} within {timeout}s")

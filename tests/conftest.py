@@ -27,9 +27,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -42,6 +39,7 @@ from rollflow.configuration.state_dirs import ensure_state_dirs
 
 ensure_state_dirs()  # $PREFECT_HOME (runs/prefect from the Makefile) before any test module imports prefect
 
+from bench.prefect_local import wait_http  # noqa: E402
 from storage.fs import Storage  # noqa: E402
 
 S3_BUCKET = "rollflow-test"
@@ -91,19 +89,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float, what: str = "moto server") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited early with code {proc.returncode}")
-        try:
-            urllib.request.urlopen(url, timeout=0.5).read()
-            return
-        except urllib.error.HTTPError:
-            return  # it answered
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{what} did not answer on {url} within {timeout}s")
+_wait_http = wait_http  # bench.prefect_local's: the benches start servers the same way
 
 
 def start_moto_server(log_path: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
