@@ -222,7 +222,7 @@ def warm_start(
         )
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, betas=(0.9, 0.98), weight_decay=0.0)
     steps = cfg.warm_start_steps
-    clean_steps = sum(1 for step in range(steps) if step < cfg.warm_start_clean_fraction * steps)
+    clean_steps = min(steps, math.ceil(cfg.warm_start_clean_fraction * steps))  # steps s < fraction * steps
     probe_fn = getattr(data.task, "warm_start_probe", None)
     examples = probe_examples(probe_fn, tokenizer, task) if probe_fn is not None else []
     probes: list[ProbeResult] = []

@@ -82,7 +82,8 @@ def apply_registry_gate(
     if tags is None:
         tags = _decide(tracker, steps_trained, after, eval_accuracy_before, source_model_version)
         if tags[DECISION_TAG] == "registered":  # written before registering: a resume finishes it
-            tracker.set_tags({**_without_decision(tags), STAGE_TAG: "registering"})
+            decided = {k: v for k, v in tags.items() if k != DECISION_TAG}  # the decision tag comes last
+            tracker.set_tags({**decided, STAGE_TAG: "registering"})
     registered = None
     if tags[DECISION_TAG] == "registered":
         store = CheckpointStore(storage)
@@ -139,10 +140,6 @@ def _decided_before(tracker: MlflowTracker) -> dict[str, str] | None:
         return None
     kept = {k: v for k, v in prior.items() if k.startswith("rollflow.registry.") and k != STAGE_TAG}
     return {**kept, DECISION_TAG: "registered"}
-
-
-def _without_decision(tags: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in tags.items() if k != DECISION_TAG}
 
 
 def _register_lora(
