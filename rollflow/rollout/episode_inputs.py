@@ -18,7 +18,7 @@ from collections.abc import Hashable, Iterator
 from typing import Any
 
 from rollflow.rollout.executor_stats import ExecutorStats
-from rollflow.rollout.prompt_filter import ZeroVarianceSkip
+from rollflow.rollout.prompt_filter import PromptCurriculum
 from rollflow.rollout.staleness import StalenessManager
 
 MAX_SKIPS_PER_CALL = 256  # skipped rows pulled in one call before the scheduler gets the loop back
@@ -30,7 +30,7 @@ class EpisodeInputs:
     """Submitted rows first, then the fed source; see the module docstring."""
 
     def __init__(
-        self, staleness: StalenessManager, stats: ExecutorStats, prompt_filter: ZeroVarianceSkip | None
+        self, staleness: StalenessManager, stats: ExecutorStats, prompt_filter: PromptCurriculum | None
     ) -> None:
         self.staleness, self.stats, self.prompt_filter = staleness, stats, prompt_filter
         self._queued: collections.deque[Input] = collections.deque()
@@ -76,7 +76,7 @@ class EpisodeInputs:
             if item is None:  # the source has nothing that may start now; ask again on a later tick
                 return None
             key, data = item
-            if self.prompt_filter is not None and self.prompt_filter.skip(str(data.get("prompt_id"))):
+            if self.prompt_filter is not None and self.prompt_filter.skip(str(data.get("prompt_id")), key):
                 # never generated: it takes no capacity, and counts as released (the claim log's bound)
                 self.stats.rejected["skipped"] += 1
                 continue

@@ -9,7 +9,7 @@ each finished episode:
               ``max_failure_rate`` (after ``min_episodes_for_failure``) -> ``RolloutFailureError``
               quoting the first traceback;
 - skipped  -- before it starts: the ``prompt_filter`` (``rollflow.rollout.prompt_filter``) says the
-              prompt's last group had no reward variance; released at once, never generated;
+              prompt's last group was all solved or all unsolved; released at once, never generated;
 - rejected -- None, an empty group, ``should_accept_fn(group)`` is False, or stale
               (``StalenessManager.is_stale``: the oldest-first trainer would drop it anyway);
 - accepted -- handed to the shard writer (``OrderedWriter``: one worker thread, in order) and/or
@@ -53,7 +53,7 @@ from rollflow.rollout.episode_judge import (
 from rollflow.rollout.executor_stats import ExecutorStats
 from rollflow.rollout.ordered_writer import OrderedWriter
 from rollflow.rollout.partials import EPISODE_KEY
-from rollflow.rollout.prompt_filter import ZeroVarianceSkip
+from rollflow.rollout.prompt_filter import PromptCurriculum
 from rollflow.rollout.staleness import StalenessManager
 from storage.schema import TrajectoryGroup
 
@@ -85,7 +85,7 @@ class WorkflowExecutor:
         max_write_failures: int = 5,
         on_flush: Callable[[WorkflowExecutor], None] | None = None,
         collect: bool | None = None,
-        prompt_filter: ZeroVarianceSkip | None = None,
+        prompt_filter: PromptCurriculum | None = None,
     ) -> None:
         """``writer`` gets accepted groups (calls made in order on one worker thread); ``version_fn``
         defaults to ``client.get_version``; ``should_accept_fn`` is ``fn(group) -> bool`` or its import

@@ -55,7 +55,7 @@ from rollflow.rollout.executor import WorkflowExecutor
 from rollflow.rollout.filters import build_should_accept
 from rollflow.rollout.partial_resume import continue_saved, keep_cut
 from rollflow.rollout.partials import PartialKeepingClient
-from rollflow.rollout.prompt_filter import ZeroVarianceSkip
+from rollflow.rollout.prompt_filter import PromptCurriculum, build_curriculum
 from rollflow.rollout.prompt_rows import load_rows
 from rollflow.rollout.prompt_source import ClaimedPrompts
 from rollflow.rollout.staleness import StalenessListener, StalenessManager
@@ -150,6 +150,7 @@ class RolloutWorker:
         self.ledger = GroupLedger(storage)
         self.claims = ClaimLog(storage)
         self.keeper: PartialKeepingClient | None = None  # with rollout.keep_partials
+        self.curriculum: PromptCurriculum | None = build_curriculum(cfg.rollout, seed=cfg.seed)
         self._tried: set[tuple[int, int]] = set()  # (block, generation) takeovers tried
         self._others_released = 0  # storage's view, refreshed by _sync
         self._credited = 0
@@ -268,6 +269,7 @@ class RolloutWorker:
             name=self.name,
             fits=self._claim_fits,
             on_claim=lambda: self.states.put(self._state()),  # record the block before any prompt runs
+            skips_ahead=None if self.curriculum is None else self.curriculum.decide_ahead,
         )
         await asyncio.to_thread(self._adopt, self.before.blocks, True)  # this worker's earlier life
         logger.log(  # a line worth reading on a resume (what was restored and adopted), chatter otherwise
@@ -298,11 +300,7 @@ class RolloutWorker:
             ),
             max_failure_rate=rc.max_failure_rate,
             on_flush=lambda ex: ex.submit_io(self.states.put, self._state()),  # right after a commit
-            prompt_filter=(
-                ZeroVarianceSkip(rc.zero_variance_skip_prob, seed=self.cfg.seed)
-                if rc.zero_variance_skip_prob > 0
-                else None
-            ),
+            prompt_filter=self.curriculum,
         )
 
     # --- the shared bound: claims, peers, adoption ----------------------------------------------------------
@@ -418,6 +416,8 @@ class RolloutWorker:
     def _log_metrics(self) -> None:
         version = self.version_fn()
         wf_metrics = self.workflow.metrics() if self.workflow is not None else {}
+        if self.curriculum is not None:
+            wf_metrics = {**wf_metrics, **self.curriculum.metrics()}
         self.metrics.log(
             rollout_metrics(self.executor.stats, self.staleness, wf_metrics, version), step=version
         )

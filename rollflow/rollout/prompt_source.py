@@ -4,7 +4,9 @@ What it is: the iterator the loop feeds to the executor. It yields ``(p, row)`` 
 ``p = epoch * N + position`` (N rows; epoch ``e`` visits the rows in a permutation seeded by
 ``(seed, e)``), taken from blocks of ``K`` positions that this worker claimed in the trial's
 ``ClaimLog`` or adopted from a dead worker. It yields ``None`` when nothing may start now (the next
-block does not fit the staleness bound) and stops after ``max_epochs`` passes.
+block does not fit the staleness bound) and stops after ``max_epochs`` passes. With a prompt curriculum
+(``skips_ahead``, ``rollflow.rollout.prompt_filter``) the block's prompts that will be skipped are decided
+before the claim and do not count against the bound: they are released as soon as they are pulled.
 
 The global staleness bound: claims are dense, so after claiming block ``b`` exactly ``(b + 1) * K``
 positions were ever handed out, to all workers together; a block is claimed only if
@@ -64,6 +66,7 @@ class ClaimedPrompts:
         fits: Callable[[int], bool],
         on_claim: Callable[[], None] = lambda: None,
         max_conflicts_per_call: int = 8,
+        skips_ahead: Callable[[Sequence[tuple[int, str]]], int] | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -77,6 +80,7 @@ class ClaimedPrompts:
         self._fits = fits
         self._on_claim = on_claim
         self._max_conflicts = max_conflicts_per_call
+        self._skips_ahead = skips_ahead
         self._held: dict[int, _Held] = {}
         self._lock = threading.Lock()  # adopt() runs on the loop's sync thread
         self._perm: dict[int, list[int]] = {}
@@ -151,7 +155,7 @@ class ClaimedPrompts:
             if not rng:  # past max_epochs
                 self._stopped = True
                 raise StopIteration
-            if not self._fits(rng.stop):
+            if not self._fits(rng.stop - self._skipped_in(rng)):
                 return None
             if self.claims.try_claim(b, self.worker, self.name):
                 with self._lock:
@@ -162,6 +166,12 @@ class ClaimedPrompts:
                 assert p is not None
                 return p, self.row(p)
         return None  # many workers raced for the same blocks: try again on the next tick
+
+    def _skipped_in(self, rng: range) -> int:
+        """Positions of ``rng`` the prompt filter has decided to skip (they never take capacity)."""
+        if self._skips_ahead is None:
+            return 0
+        return self._skips_ahead([(p, str(self.row(p).get("prompt_id"))) for p in rng])
 
     def _pop_pending(self) -> int | None:
         with self._lock:

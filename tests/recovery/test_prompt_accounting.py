@@ -56,7 +56,11 @@ class Client:
 
 
 class Workflow(RolloutWorkflow):
-    """A group of two rows per prompt; ``None`` (a rejection, counted as released) for rows marked drop."""
+    """A group of two rows per prompt; ``None`` (a rejection, counted as released) for rows marked drop.
+    ``solved``: both rows rewarded 1.0 (a group the prompt curriculum calls solved), else 0.0 and 1.0."""
+
+    def __init__(self, *, solved: bool = False) -> None:
+        self.solved = solved
 
     async def arun_episode(self, client: Any, data: dict[str, Any]) -> TrajectoryGroup | None:
         await client.agenerate(GenerateRequest([1, 2]))
@@ -72,7 +76,7 @@ class Workflow(RolloutWorkflow):
                 loss_mask=[0, 0, 1],
                 logprobs=[0.0, 0.0, -0.1],
                 versions=[-1, -1, 0],
-                reward=float(j),
+                reward=1.0 if self.solved else float(j),
                 finish_reason="stop",
             )  # fmt: skip
             for j in range(2)
@@ -93,13 +97,21 @@ def _cfg(**rollout: Any) -> ExperimentConfig:
     return cfg
 
 
-def _roll(storage: Storage, cfg: ExperimentConfig, client: Client, *, seconds: float | None = None) -> Any:
+def _roll(
+    storage: Storage,
+    cfg: ExperimentConfig,
+    client: Client,
+    *,
+    seconds: float | None = None,
+    workflow: Workflow | None = None,
+) -> Any:
     stop = threading.Event()
     if seconds is not None:
         threading.Timer(seconds, stop.set).start()
     return asyncio.run(
         run_rollout_loop(
-            cfg, storage, client, prompts=ROWS, workflow=Workflow(), stop_event=stop, writer_name="rollout-w0",
+            cfg, storage, client, prompts=ROWS, workflow=workflow or Workflow(), stop_event=stop,
+            writer_name="rollout-w0",
             poll_interval_s=0.02, done_poll_s=0.1,
         )
     )  # fmt: skip
@@ -145,6 +157,23 @@ def test_a_whole_trial_accounts_for_every_position(trial: tuple[Storage, Experim
     assert a.positions_handed_out == a.positions_committed + a.positions_dropped + a.positions_open_at_end
     assert a.positions_unaccounted == a.positions_generated_twice == 0
     assert (a.groups_trained, a.groups_trained_twice, a.final_version) == (8, 0, 2)
+
+
+def test_prompts_the_curriculum_skips_are_accounted_as_dropped(tmp_path: Any) -> None:
+    """Every group solved: from the second epoch on the curriculum skips most prompts unseen; each skipped
+    position is released and recorded, so the audit still accounts for every position handed out."""
+    storage = Storage.open(str(tmp_path), "exp", "t", {})
+    cfg = _cfg(max_groups=48, skip_solved_prob=0.9)  # 40 rows: the first epoch, then 8 more groups
+    summary = _roll(storage, cfg, Client(), workflow=Workflow(solved=True))
+    assert summary.rejected > 0
+    _train(storage, steps=2)
+    a = _audit(storage, cfg)
+    assert a.ok, a
+    assert a.positions_committed == a.groups_committed >= 48
+    # skipped (and dropped) positions: recorded as released, and more than the drop rows alone
+    assert a.positions_dropped == a.drops_recorded > 8 + 8
+    assert a.positions_handed_out == a.positions_committed + a.positions_dropped + a.positions_open_at_end
+    assert a.positions_unaccounted == a.positions_generated_twice == 0
 
 
 def test_a_committed_shard_that_vanished_is_reported(trial: tuple[Storage, ExperimentConfig]) -> None:

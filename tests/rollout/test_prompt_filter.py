@@ -1,5 +1,6 @@
-"""ZeroVarianceSkip alone, and in the WorkflowExecutor: prompts whose last group had all-equal rewards are
-not generated again (most of the time), are released like rejected groups, and the rest run as before."""
+"""PromptCurriculum alone, and in the WorkflowExecutor: prompts whose last group was all solved or all
+unsolved are not generated again (most of the time, each kind with its own probability), are released
+like rejected groups, and the rest run as before."""
 
 from __future__ import annotations
 
@@ -12,24 +13,107 @@ import pytest
 from rollflow.api.inference import GenerateRequest, GenerateResult
 from rollflow.api.workflow import RolloutWorkflow
 from rollflow.rollout.executor import WorkflowExecutor
-from rollflow.rollout.prompt_filter import ZeroVarianceSkip
+from rollflow.rollout.prompt_filter import PromptCurriculum
+from rollflow.rollout.prompt_source import ClaimedPrompts
 from rollflow.rollout.staleness import StalenessManager
+from storage.fs import Storage
+from storage.prompt_claims import ClaimLog
 from storage.schema import TrajectoryGroup, TrajectoryRow
 
 
-def test_only_flat_prompts_are_skipped_and_unseen_ones_never() -> None:
-    f = ZeroVarianceSkip(0.5, seed=1)
-    f.observe("flat", [1.0, 1.0, 1.0])
+def test_each_kind_is_skipped_with_its_own_probability_and_unseen_ones_never() -> None:
+    f = PromptCurriculum(0.5, 0.2, seed=1)
+    f.observe("solved", [1.0, 1.0, 1.0])
+    f.observe("unsolved", [0.0, 0.0, 0.0])
     f.observe("signal", [0.0, 1.0, 1.0])
+    assert [f.outcome(r) for r in ([1, 1], [0.5, 0.5], [0, 1], [1])] == [
+        "solved",
+        "unsolved",  # equal but below solved_reward (1.0)
+        "signal",
+        "solved",  # a group of one has no variance
+    ]
     assert not any(f.skip("signal") for _ in range(200))
     assert not any(f.skip("unseen") for _ in range(200))
-    n = sum(f.skip("flat") for _ in range(2000))
-    assert 850 < n < 1150 and f.skipped == n  # about half, seeded
-    f.observe("flat", [0.0, 1.0])  # revisited and now learning: never skipped
-    assert not any(f.skip("flat") for _ in range(200))
-    assert f.metrics()["prompt_filter/flat_frac"] == pytest.approx(1 / 3)
+    n_solved = sum(f.skip("solved") for _ in range(2000))
+    n_unsolved = sum(f.skip("unsolved") for _ in range(2000))
+    assert 850 < n_solved < 1150  # about half, seeded
+    assert 300 < n_unsolved < 500  # about a fifth
+    assert f.skipped == {"solved": n_solved, "unsolved": n_unsolved, "signal": 0}
+    f.observe("solved", [0.0, 1.0])  # revisited and now learning: never skipped
+    assert not any(f.skip("solved") for _ in range(200))
+    m = f.metrics()
+    assert m["prompt_filter/signal_frac"] == pytest.approx(2 / 4)
+    assert m["prompt_filter/solved_frac"] == m["prompt_filter/unsolved_frac"] == pytest.approx(1 / 4)
+    assert m["prompt_filter/skipped_solved"] == n_solved
     with pytest.raises(ValueError, match="never revisit"):
-        ZeroVarianceSkip(1.0)
+        PromptCurriculum(1.0, 0.0)
+    with pytest.raises(ValueError, match="skip_unsolved"):
+        PromptCurriculum(0.0, -0.1)
+
+
+def test_solved_reward_sets_what_counts_as_solved() -> None:
+    f = PromptCurriculum(0.9, 0.0, solved_reward=0.5, seed=2)
+    assert f.outcome([0.5, 0.5]) == "solved" and f.outcome([0.4, 0.4]) == "unsolved"
+    f.observe("p", [0.4, 0.4])
+    assert not any(f.skip("p") for _ in range(100))  # unsolved is never skipped at 0.0
+
+
+def test_decisions_drawn_ahead_are_the_ones_applied_and_are_drawn_once() -> None:
+    f = PromptCurriculum(0.5, 0.0, seed=3)
+    for i in range(8):
+        f.observe(f"p{i}", [1.0, 1.0])
+    items = [(p, f"p{p}") for p in range(8)]
+    n = f.decide_ahead(items)
+    assert f.decide_ahead(items) == n  # a retried claim draws nothing new
+    assert 0 < n < 8 and f.skipped["solved"] == 0  # counted when applied, not when drawn
+    applied = [f.skip(f"p{p}", p) for p in range(8)]
+    assert sum(applied) == n == f.skipped["solved"]
+    f.decide_ahead([(20, "p0")])  # positions below a new block (claimed by another worker) are dropped
+    assert list(f._ahead) == [20]
+
+
+def _claim_until_blocked(
+    storage: Storage, curriculum: PromptCurriculum | None, rows: list[dict[str, Any]]
+) -> list[int]:
+    """Pull prompts as an executor would, holding every started one, under a bound of 4 places:
+    ``reserved - released <= 4`` with skipped prompts released when pulled (the loop's claim gate)."""
+    released: list[int] = []
+    src = ClaimedPrompts(
+        rows, seed=1, max_epochs=None, claims=ClaimLog(storage), block_size=4, worker="w-1", name="w",
+        fits=lambda reserved: reserved - len(released) <= 4,
+        skips_ahead=None if curriculum is None else curriculum.decide_ahead,
+    )  # fmt: skip
+    started: list[int] = []
+    for _ in range(200):
+        item = next(src)
+        if item is None:
+            break
+        p, row = item
+        if curriculum is not None and curriculum.skip(row["prompt_id"], p):
+            released.append(p)
+        else:
+            started.append(p)
+    return started
+
+
+@pytest.mark.parametrize("storage_spec", ["local"], indirect=True)
+def test_a_block_mostly_skipped_does_not_hold_back_the_staleness_window(storage: Storage) -> None:
+    # Every prompt's last group was solved; 3 in 4 are skipped. The bound leaves 4 places.
+    rows = [{"prompt_id": f"p{i}"} for i in range(40)]
+    curriculum = PromptCurriculum(0.75, 0.0, seed=5)
+    for r in rows:
+        curriculum.observe(r["prompt_id"], [1.0] * 4)
+    started = _claim_until_blocked(storage, curriculum, rows)
+    # With the skips counted out of each claim the window fills: 4 prompts start. (Counted in, as
+    # before, a claim needs 4 free places, so after the first block only ~1 of 4 places would fill.)
+    assert len(started) == 4
+    assert curriculum.skipped["solved"] >= 4
+
+
+@pytest.mark.parametrize("storage_spec", ["local"], indirect=True)
+def test_without_a_curriculum_the_gate_is_unchanged(storage: Storage) -> None:
+    started = _claim_until_blocked(storage, None, [{"prompt_id": f"p{i}"} for i in range(40)])
+    assert started == [0, 1, 2, 3]  # one block of 4, then the bound
 
 
 class FakeClient:
@@ -76,7 +160,7 @@ def test_executor_does_not_generate_flat_prompts_of_a_later_epoch() -> None:
     async def main() -> tuple[PairWorkflow, WorkflowExecutor, StalenessManager]:
         wf, sm = PairWorkflow(), StalenessManager(4, 100, 1)
         ex = WorkflowExecutor(
-            wf, FakeClient(), sm, poll_interval_s=0.01, prompt_filter=ZeroVarianceSkip(0.99)
+            wf, FakeClient(), sm, poll_interval_s=0.01, prompt_filter=PromptCurriculum(0.99, 0.99)
         )
         async with ex:
             for epoch in range(2):

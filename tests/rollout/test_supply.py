@@ -30,3 +30,13 @@ def test_enough_for_some_steps_only_is_reported() -> None:
 @pytest.mark.parametrize(("max_epochs", "n_rows"), [(None, 1), (1, 40), (4, 10)])
 def test_enough_or_unbounded_says_nothing(max_epochs: int | None, n_rows: int) -> None:
     assert bounded_supply_warning(_cfg(max_epochs=max_epochs), n_rows=n_rows) is None
+
+
+def test_a_curriculum_set_in_a_bounded_run_counts_its_skips() -> None:
+    cfg = _cfg(max_epochs=4, batch=4, steps=10)  # 10 rows x 4 epochs = 40 groups, exactly enough
+    assert cfg.rollout.curriculum_probs() == (0.0, 0.0)  # off by default when bounded
+    assert bounded_supply_warning(cfg, n_rows=10) is None
+    cfg.rollout.skip_solved_prob = 0.5  # 10 + 10 x 3 x 0.5 = 25 groups: 6 of 10 steps
+    message = bounded_supply_warning(cfg, n_rows=10)
+    assert message is not None and "enough for 6 of train.steps=10 steps" in message
+    assert "rollout.skip_solved_prob/skip_unsolved_prob to 0" in message

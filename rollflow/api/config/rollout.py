@@ -10,6 +10,9 @@ from typing import Any
 
 from rollflow.api.config.fields import check, help_
 
+# The prompt curriculum's defaults when rollout.max_epochs is null: measured in docs/learning.md.
+CURRICULUM_DEFAULT = (0.9, 0.5)  # (skip_solved_prob, skip_unsolved_prob)
+
 
 @dataclass
 class GenerationConfig:
@@ -110,13 +113,30 @@ class RolloutConfig:
             "a group without signal is kept. None = no cap (generate until every group has signal)."
         ),
     )
-    zero_variance_skip_prob: float = field(
-        default=0.0,
+    skip_solved_prob: float | None = field(
+        default=None,
         metadata=help_(
-            "Before generating, skip a prompt whose last group had all-equal rewards (all right or all "
-            "wrong: zero GRPO advantage) with this probability; it is released, never generated, counted "
-            "as rollout/rejected_skipped, and revisited in a later epoch (rollflow/rollout/prompt_filter.py). "
+            "Prompt curriculum: before generating, skip a prompt whose last group was all solved (every "
+            "reward equal and >= rollout.solved_reward: zero GRPO advantage) with this probability. It is "
+            "released, never generated, counted as rollout/rejected_skipped, and revisited in a later "
+            "epoch (rollflow/rollout/prompt_filter.py). None = 0.9 when rollout.max_epochs is null (the "
+            "trainer's steps end the run) and 0 when it is set (a bounded run generates every prompt every "
+            "epoch); 0 = off; must be < 1. Measured in docs/learning.md ('A prompt curriculum')."
+        ),
+    )
+    skip_unsolved_prob: float | None = field(
+        default=None,
+        metadata=help_(
+            "Prompt curriculum: the same for a prompt whose last group was all unsolved (every reward "
+            "equal and below rollout.solved_reward). None = 0.5 when rollout.max_epochs is null, else 0; "
             "0 = off; must be < 1."
+        ),
+    )
+    solved_reward: float = field(
+        default=1.0,
+        metadata=help_(
+            "The reward at or above which a sample counts as solved, for the prompt curriculum "
+            "(rollout.skip_solved_prob / skip_unsolved_prob); the eval's 'correct' is the same 1.0."
         ),
     )
     claim_block_size: int = field(
@@ -150,6 +170,14 @@ class RolloutConfig:
         ),
     )
 
+    def curriculum_probs(self) -> tuple[float, float]:
+        """``(skip_solved_prob, skip_unsolved_prob)`` with None resolved: ``CURRICULUM_DEFAULT`` for an
+        unbounded rollout, 0 for one bounded by ``max_epochs`` (it must generate every prompt every epoch)."""
+        auto = CURRICULUM_DEFAULT if self.max_epochs is None else (0.0, 0.0)
+        solved = auto[0] if self.skip_solved_prob is None else self.skip_solved_prob
+        unsolved = auto[1] if self.skip_unsolved_prob is None else self.skip_unsolved_prob
+        return solved, unsolved
+
     def __post_init__(self) -> None:
         check(self.group_size >= 1, "rollout.group_size", "must be >= 1 (GRPO needs >= 2 to learn)")
         check(self.max_concurrent_rollouts >= 1, "rollout.max_concurrent_rollouts", "must be >= 1")
@@ -161,11 +189,12 @@ class RolloutConfig:
         check(self.shard_flush_rows >= 1, "rollout.shard_flush_rows", "must be >= 1")
         check(self.shard_flush_seconds > 0, "rollout.shard_flush_seconds", "must be > 0")
         check(self.reward_workers >= 1, "rollout.reward_workers", "must be >= 1")
-        check(
-            0.0 <= self.zero_variance_skip_prob < 1.0,
-            "rollout.zero_variance_skip_prob",
-            "must be in [0, 1) (1 would never revisit a skipped prompt)",
-        )
+        for name in ("skip_solved_prob", "skip_unsolved_prob"):
+            check(
+                getattr(self, name) is None or 0.0 <= getattr(self, name) < 1.0,
+                f"rollout.{name}",
+                "must be in [0, 1) (1 would never revisit a skipped prompt)",
+            )
         if self.dynamic_sampling_max_extra is not None:
             check(
                 self.dynamic_sampling_max_extra >= 0,
