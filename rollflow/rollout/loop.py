@@ -398,8 +398,9 @@ class RolloutWorker:
         summary = RolloutSummary(
             stopped_by=stopped_by,
             accepted=st.accepted,
-            rejected=st.n_rejected,
+            rejected=st.n_rejected - st.rejected.get("skipped", 0),
             failed=st.failed,
+            skipped=st.rejected.get("skipped", 0),
             total_accepted=sum(n for w, n in final.by_writer.items() if is_incarnation_of(w, self.name)),
             epoch=state.epoch,
             position=state.position,

@@ -38,11 +38,14 @@ class RolloutSummary:
     shards: int
     bad_rows: int
     writer: str
+    skipped: int = 0  # prompts the curriculum did not generate (released; not in ``rejected``)
 
     def brief(self) -> str:
         """One line for a log."""
         return (
-            f"{self.accepted} groups accepted ({self.rejected} rejected, {self.failed} failed), "
+            f"{self.accepted} groups accepted ({self.rejected} rejected, {self.failed} failed"
+            + (f", {self.skipped} prompts skipped by the curriculum" if self.skipped else "")
+            + "), "
             f"{self.tokens} tokens at {self.tokens_per_s:.0f} tok/s in {self.elapsed_s:.1f} s, "
             f"{self.shards} shards; stopped by {self.stopped_by}"
         )
