@@ -28,7 +28,7 @@ What it is not: a reward model or a curriculum; it never looks at the text, only
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rollflow.api.workflow import import_string
 from storage.schema import TrajectoryGroup
@@ -37,15 +37,17 @@ REWARD_VARIANCE_FILTER = "rollflow.rollout.filters:reward_variance_filter"
 
 # Two rewards closer than this count as equal (binary and rational verifiers give exact values; a
 # learned or shaped reward may jitter in the last float32 bits).
-_EQUAL_ATOL = 1e-6
+EQUAL_ATOL = 1e-6
+
+
+def has_reward_variance(rewards: Sequence[float]) -> bool:
+    """Whether ``rewards`` are not all equal (within ``EQUAL_ATOL``); one reward has no variance."""
+    return len(rewards) >= 2 and max(rewards) - min(rewards) > EQUAL_ATOL
 
 
 def reward_variance_filter(group: TrajectoryGroup) -> bool:
     """True (keep) when the group's rewards are not all equal; a group of one is never kept."""
-    rewards = group.rewards
-    if len(rewards) < 2:
-        return False
-    return max(rewards) - min(rewards) > _EQUAL_ATOL
+    return has_reward_variance(group.rewards)
 
 
 class CappedVarianceFilter:

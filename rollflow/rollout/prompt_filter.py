@@ -53,10 +53,10 @@ import threading
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Literal
 
+from rollflow.rollout.filters import EQUAL_ATOL, has_reward_variance
+
 if TYPE_CHECKING:
     from rollflow.api.config import RolloutConfig
-
-_EQUAL_ATOL = 1e-6  # as rollflow.rollout.filters: rewards closer than this are equal
 
 Outcome = Literal["solved", "unsolved", "signal"]
 
@@ -83,21 +83,16 @@ class PromptCurriculum:
         self.solved_reward = solved_reward
         self._rng = random.Random(f"prompt-curriculum-{seed}")
         self._last: dict[str, Outcome] = {}  # prompt id -> how its last finished group came out
-        self._ahead: dict[Hashable, Outcome | None] = {}  # position -> skipped kind (None: runs), drawn
+        self._ahead: dict[int, Outcome | None] = {}  # position -> skipped kind (None: runs), drawn ahead
         self._lock = threading.Lock()
         self.skipped: dict[Outcome, int] = {"solved": 0, "unsolved": 0, "signal": 0}
         self.observed: dict[Outcome, int] = {"solved": 0, "unsolved": 0, "signal": 0}
 
-    @property
-    def active(self) -> bool:
-        """Whether it can skip anything at all."""
-        return self.skip_prob["solved"] > 0 or self.skip_prob["unsolved"] > 0
-
     def outcome(self, rewards: Sequence[float]) -> Outcome:
         """``solved``, ``unsolved`` or ``signal`` for one finished group's rewards."""
-        if len(rewards) >= 2 and max(rewards) - min(rewards) > _EQUAL_ATOL:
+        if has_reward_variance(rewards):
             return "signal"
-        return "solved" if min(rewards) >= self.solved_reward - _EQUAL_ATOL else "unsolved"
+        return "solved" if min(rewards) >= self.solved_reward - EQUAL_ATOL else "unsolved"
 
     def observe(self, prompt_id: str, rewards: Sequence[float]) -> None:
         """Record a finished group of ``prompt_id`` (accepted or not)."""
@@ -125,7 +120,7 @@ class PromptCurriculum:
             return 0
         with self._lock:
             start = min(p for p, _ in items)
-            for stale in [q for q in self._ahead if isinstance(q, int) and q < start]:
+            for stale in [q for q in self._ahead if q < start]:
                 del self._ahead[stale]
             n = 0
             for position, prompt_id in items:
