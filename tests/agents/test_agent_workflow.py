@@ -295,10 +295,10 @@ def test_an_agent_that_hangs_is_dropped_at_its_timeout(tool_server: Any, tool_mo
     async def hangs(base_url: str, api_key: str, data: dict[str, Any]) -> float:
         keys.append((base_url, api_key))
         async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as oa:
-            await oa.completions.create(
-                model="m", prompt="a", max_tokens=900, extra_body={"ignore_eos": True}
-            )
-        return 1.0
+            while True:  # one 900-token call can finish inside 0.5 s on an idle machine: keep calling
+                await oa.completions.create(
+                    model="m", prompt="a", max_tokens=900, extra_body={"ignore_eos": True}
+                )
 
     addr = tool_server.addresses[0]
 
