@@ -52,10 +52,11 @@ class RolloutConfig:
         default=64, metadata=help_("Upper bound on episodes in flight (AReaL's concurrency limit).")
     )
     max_staleness: int = field(
-        default=2,
+        default=1,
         metadata=help_(
             "Max policy versions a trajectory may lag the trainer (AReaL's eta). 0 with "
-            "pause_during_training is the synchronous baseline."
+            "pause_during_training is the synchronous baseline. 1 learned the most per generated token "
+            "on 2 cores (docs/learning.md); raise it when time/trainer/waiting_data_frac is near 0."
         ),
     )
     pause_during_training: bool = field(
