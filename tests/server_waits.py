@@ -27,10 +27,13 @@ async def until_generating(addr: str, tokens: int, timeout_s: float = 10.0) -> N
         await asyncio.sleep(0.01)
 
 
-async def until_vllm_streams(addr: str, model: str, api_key: str, timeout_s: float = 60.0) -> Any:
-    """Return once a streamed ``/v1/completions`` on the vLLM server at ``addr`` has sent a token chunk: the
-    engine is then decoding, and requests sent before this one are in its batch. Returns the open
-    ``httpx.AsyncClient`` of the stream; the caller closes it (``aclose``) after its next step, e.g. a kill."""
+async def until_vllm_streams(
+    addr: str, model: str, api_key: str, timeout_s: float = 60.0, chunks: int = 1
+) -> Any:
+    """Return once a streamed ``/v1/completions`` on the vLLM server at ``addr`` has sent ``chunks`` token
+    chunks: the engine is then decoding, and requests sent before this one are in its batch, about as far
+    along. Returns the open ``httpx.AsyncClient`` of the stream; the caller closes it (``aclose``) after
+    its next step, e.g. a kill."""
     import httpx
 
     body = {"model": model, "prompt": "a", "max_tokens": 1000, "ignore_eos": True, "stream": True}
@@ -39,6 +42,7 @@ async def until_vllm_streams(addr: str, model: str, api_key: str, timeout_s: flo
     response = await client.send(req, stream=True)
     assert response.status_code == 200, await response.aread()
     lines = response.aiter_lines()
-    while not (await asyncio.wait_for(anext(lines), timeout_s)).startswith("data: {"):
-        pass
+    seen = 0
+    while seen < chunks:
+        seen += (await asyncio.wait_for(anext(lines), timeout_s)).startswith("data: {")
     return client

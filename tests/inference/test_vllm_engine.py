@@ -43,6 +43,7 @@ from storage.fs import Storage
 pytestmark = pytest.mark.slow  # the session's vLLM server takes about a minute to start, the restart another
 
 PROMPTS = [[2, 4 + (i % 40), 5 + (i * 7) % 40, 6 + (i * 3) % 40] for i in range(16)]
+N_LONG = 1000  # new tokens of a request an update lands in the middle of (max_model_len is 1024)
 
 
 def _client(group: Any) -> EngineClient:
@@ -133,14 +134,22 @@ def test_update_in_the_middle_of_generation(
     )  # fmt: skip
     assert watcher.poll_once() == 0  # already served: an ack, no load
 
+    store.publish(vllm_models.b, 1)  # published now, loaded when the watcher polls below
+
     async def go() -> list[GenerateResult]:
         client = _client(vllm_server)
         try:
-            sp = SamplingParams(max_new_tokens=700, temperature=1.0, ignore_eos=True)
+            sp = SamplingParams(max_new_tokens=N_LONG, temperature=1.0, ignore_eos=True)
             tasks = [asyncio.create_task(client.agenerate(GenerateRequest(p, sp))) for p in PROMPTS[:6]]
-            await asyncio.sleep(1.0)
-            store.publish(vllm_models.b, 1)
-            assert await asyncio.to_thread(watcher.poll_once) == 1
+            await asyncio.sleep(0.2)  # the six are sent first
+            # Not a fixed sleep: on an idle machine vLLM's CPU build decodes 6 x 700 tokens in about 1 s.
+            stream = await until_vllm_streams(
+                vllm_server.addresses[0], str(vllm_models.a), vllm_lib.KEY, chunks=50
+            )
+            try:
+                assert await asyncio.to_thread(watcher.poll_once) == 1
+            finally:
+                await stream.aclose()
             return list(await asyncio.gather(*tasks))
         finally:
             await client.aclose()
@@ -153,7 +162,7 @@ def test_update_in_the_middle_of_generation(
     mixed = 0
     for r in results:
         _versions_ok(r)
-        assert len(r.output_ids) == 700 and set(r.output_versions) <= {0, 1}
+        assert len(r.output_ids) == N_LONG and set(r.output_versions) <= {0, 1}
         k = r.output_versions.count(0)
         mixed += 0 < k < len(r.output_ids)
         ids, n = r.input_ids + r.output_ids, len(r.input_ids)
