@@ -131,3 +131,27 @@ def test_loopback_hosts_need_no_api_key(host: str, monkeypatch: pytest.MonkeyPat
 def test_is_loopback_host() -> None:
     assert all(is_loopback_host(h) for h in ("127.0.0.1", "127.9.9.9", "localhost", "::1", "[::1]"))
     assert not any(is_loopback_host(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com", ""))
+
+
+def test_a_user_config_that_sets_no_learning_keys_gets_the_measured_winners(tmp_path: Path) -> None:
+    """The held-back task's shape (issue 17): a model path, a ``files`` dataset, a ``module:function``
+    reward, 16 x 8, lr 5e-5, and nothing about staleness, passes or the curriculum. It gets the rows that
+    won in docs/learning.md; the ones that lost stay off."""
+    (tmp_path / "my-model").mkdir()
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    user = tmp_path / "user.yaml"
+    user.write_text(
+        f"model: {{path: {tmp_path / 'my-model'}}}\n"
+        f"dataset: {{kind: files, path: 'train={tmp_path}/train.jsonl,test={tmp_path}/test.jsonl',"
+        " reward_fn: 'my_pkg.reward:score'}\n"
+        "rollout: {group_size: 8, generation: {max_new_tokens: 8, temperature: 1.0}}\n"
+        "train: {batch_size: 16, lr: 5.0e-5}\n"
+    )
+    cfg = load_config(user)
+    assert cfg.rollout.max_staleness == 1  # "Staleness 1": 12.8k completions to 0.8 against 28.2k
+    assert cfg.train.ppo_epochs == 2  # off-policy reuse: two passes per batch
+    assert cfg.rollout.max_epochs is None and cfg.rollout.curriculum_probs() == (0.9, 0.5)  # the curriculum
+    assert not cfg.rollout.dynamic_sampling  # lost: twice the generation per step
+    assert cfg.train.eps_clip_higher is None or cfg.train.eps_clip_higher == cfg.train.eps_clip  # lost
+    assert cfg.train.lr_schedule == "constant"  # cosine lost
