@@ -11,7 +11,7 @@ from typing import Any
 from rollflow.api.config.fields import check, help_
 
 # The prompt curriculum's defaults when rollout.max_epochs is null: measured in docs/learning.md.
-CURRICULUM_DEFAULT = (0.9, 0.5)  # (skip_solved_prob, skip_unsolved_prob)
+CURRICULUM_DEFAULT = (0.97, 0.5)  # (skip_solved_prob, skip_unsolved_prob): the winner of a 4-arm sweep
 
 
 @dataclass
@@ -120,9 +120,10 @@ class RolloutConfig:
             "Prompt curriculum: before generating, skip a prompt whose last group was all solved (every "
             "reward equal and >= rollout.solved_reward: zero GRPO advantage) with this probability. It is "
             "released, never generated, counted as rollout/rejected_skipped, and revisited in a later "
-            "epoch (rollflow/rollout/prompt_filter.py). None = 0.9 when rollout.max_epochs is null (the "
+            "epoch (rollflow/rollout/prompt_filter.py). None = 0.97 when rollout.max_epochs is null (the "
             "trainer's steps end the run) and 0 when it is set (a bounded run generates every prompt every "
-            "epoch); 0 = off; must be < 1. Measured in docs/learning.md ('A prompt curriculum')."
+            "epoch); 0 = off; must be < 1. Measured in docs/learning.md ('A prompt curriculum', and the "
+            "sweep of the probabilities that chose 0.97 / 0.5)."
         ),
     )
     skip_unsolved_prob: float | None = field(
