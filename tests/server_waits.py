@@ -14,15 +14,18 @@ from typing import Any
 from rollflow.inference.routing import control_call
 
 
-def running_output_tokens(addr: str) -> int:
+def running_output_tokens(addr: str, api_key: str | None = None) -> int:
     """Output tokens the CPU server at ``addr`` has generated for its running requests so far."""
-    return int(control_call(addr, "/get_server_info")["internal_states"][0]["running_output_tokens"])
+    info = control_call(addr, "/get_server_info", api_key=api_key)
+    return int(info["internal_states"][0]["running_output_tokens"])
 
 
-async def until_generating(addr: str, tokens: int, timeout_s: float = 10.0) -> None:
+async def until_generating(
+    addr: str, tokens: int, timeout_s: float = 10.0, api_key: str | None = None
+) -> None:
     """Return once the server at ``addr`` has ``tokens`` output tokens in flight; fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while running_output_tokens(addr) < tokens:
+    while running_output_tokens(addr, api_key) < tokens:
         assert time.monotonic() < deadline, f"{addr} did not reach {tokens} running output tokens"
         await asyncio.sleep(0.01)
 

@@ -151,10 +151,8 @@ def test_a_user_config_that_sets_no_learning_keys_gets_the_measured_winners(tmp_
     cfg = load_config(user)
     assert cfg.rollout.max_staleness == 1  # "Staleness 1": 12.8k completions to 0.8 against 28.2k
     assert cfg.train.ppo_epochs == 2  # off-policy reuse: two passes per batch
-    assert cfg.rollout.max_epochs is None and cfg.rollout.curriculum_probs() == (
-        0.97,
-        0.5,
-    )  # the sweep's winner
+    assert cfg.rollout.max_epochs is None  # unbounded: the curriculum is on
+    assert cfg.rollout.curriculum_probs() == (0.97, 0.5)  # the sweep's winner
     assert not cfg.rollout.dynamic_sampling  # lost: twice the generation per step
     assert cfg.train.eps_clip_higher is None or cfg.train.eps_clip_higher == cfg.train.eps_clip  # lost
     assert cfg.train.lr_schedule == "constant"  # cosine lost

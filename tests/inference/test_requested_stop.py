@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from server_waits import until_generating
 
 from infra.servers import launch_local_servers
 from rollflow.api.config import InferenceConfig
@@ -58,7 +59,7 @@ def test_a_requested_stop_is_quiet(
     async def go() -> list[Any]:
         sp = SamplingParams(max_new_tokens=900, ignore_eos=True)
         tasks = [asyncio.create_task(client.agenerate(GenerateRequest([5, 6, 7], sp))) for _ in range(4)]
-        await asyncio.sleep(0.15)  # 4 x 900 tokens take longer than this even on a fast machine
+        await until_generating(group.addresses[0], 16)  # mid-generation by the server's count
         await asyncio.to_thread(group.stop, 10)  # the flow's stop-servers, while the rollout generates
         results = await asyncio.gather(*tasks)
         await asyncio.sleep(0.5)  # the watcher's next health check runs against stopped servers

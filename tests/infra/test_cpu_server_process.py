@@ -5,6 +5,7 @@ One server with an API key for the module; ``launch_local_servers`` passes the k
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from server_waits import until_generating
 
 from infra.servers import ServerGroup, launch_local_servers, redact_command
 from rollflow.api.config import InferenceConfig
@@ -69,9 +71,9 @@ def test_sigterm_returns_partial_output_and_exits_cleanly(keyed_server: ServerGr
         )
     )
     t.start()
-    # Mid-generation: the tiny model decodes its 1,000 tokens in ~0.5 s on an idle 2-core machine (measured
-    # 0.497 s), so a 0.5 s wait let it finish first ('length') and the stop had nothing to abort.
-    time.sleep(0.15)
+    # Mid-generation, by the server's own count, not a fixed sleep: the tiny model decodes its 1,000 tokens
+    # in ~0.5 s on an idle 2-core machine (measured 0.497 s), so a 0.5 s sleep let it finish first.
+    asyncio.run(until_generating(addr, 20, api_key=KEY))
     t0 = time.monotonic()
     keyed_server.stop(timeout_s=10)
     stopped_in = time.monotonic() - t0

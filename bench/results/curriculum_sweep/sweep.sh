@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Curriculum probability sweep: 4 arms x 5 seeds, 600 optimizer steps each, rollflow only, one warm start.
-cd /work/frozen2  # a frozen copy of the tree (git ls-files), .venv linked; results copied here after
-export PYTHONPATH=/work/frozen2 OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true
-MODEL=/work/frozen/runs/peer/tiny_hard-20261127-024756/model
+# Run from the repository root (it ran from a frozen copy of the tree at 00f8072):
+#   MODEL=<a warm-started add_gap model directory, e.g. runs/peer/tiny_hard-*/model> bench/results/curriculum_sweep/sweep.sh
+set -u
+cd "$(dirname "$0")/../../.."
+mkdir -p runs
+export PYTHONPATH=$PWD OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true
+MODEL=${MODEL:?set MODEL to the warm-started add_gap model directory (bench.peer writes one under runs/peer/)}
 declare -A P=([A]="0.9 0.5" [B]="0.97 0.8" [C]="0.75 0.25" [D]="0.97 0.5")
 ARMS=(A B C D)
 for seed in 1 2 3 4 5; do
