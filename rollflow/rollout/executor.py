@@ -3,7 +3,9 @@
 What it is: AReaL's WorkflowExecutor as one asyncio scheduler task. Per tick it (1) starts episodes
 while ``StalenessManager.try_submit`` grants capacity and it is not paused, taking ``asubmit``-ted rows
 first, then pulling lazily from a ``feed``-ed source (a data cursor moves only when an episode starts);
-(2) waits for an episode to finish, or ``poll_interval_s`` (a new version re-opens capacity); (3) judges
+(2) commits the writer's buffer at once when nothing more can be admitted (``_gate_closed``: the trainer
+may be waiting for exactly those groups, so a shard that never fills must not wait for its timer); (3)
+waits for an episode to finish, or ``poll_interval_s`` (a new version re-opens capacity); (4) judges
 each finished episode:
 - failed   -- ``arun_episode`` raised or returned a malformed group: counted and logged; above
               ``max_failure_rate`` (after ``min_episodes_for_failure``) -> ``RolloutFailureError``
@@ -294,8 +296,9 @@ class WorkflowExecutor:
             while not self._closing:
                 self.raise_if_failed()
                 self._admit()
+                # nothing more can come until the trainer moves: commit now, not when the timer says so
+                self._flush(force=self._gate_closed())
                 await self._wait_for_progress()
-                self._flush(force=False)
                 if self._is_idle():
                     self._resolve(self._idle_waiters, None)
                     self._idle_waiters = []
@@ -393,6 +396,19 @@ class WorkflowExecutor:
         record_failure(self.stats, ep.key, exc)
         self.staleness.on_rollout_rejected()
         self._resolve([ep.future], None)
+
+    def _gate_closed(self) -> bool:
+        """Accepted groups wait in the writer's buffer and nothing can add to it: no episode runs after
+        ``_admit`` (paused, no capacity under the staleness bound, or the source holds back). The trainer
+        may need exactly those groups to make the step that re-opens the bound, so waiting for the buffer
+        to fill (or for its timer) would stall both sides. (Episodes still running will add to it: a
+        flush per finished group would write a shard per group, so those wait for the last one.)"""
+        return self._out is not None and self._out.pending and not self._tasks
+
+    @property
+    def buffered(self) -> bool:
+        """Accepted groups not yet committed by the writer."""
+        return self._out is not None and self._out.pending
 
     def _flush(self, *, force: bool) -> None:
         """Queue a ``maybe_flush`` (or ``flush``) on the writer thread unless one is in flight."""

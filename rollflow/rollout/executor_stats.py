@@ -35,6 +35,7 @@ class ExecutorStats:
     staleness_sum: int = 0  # sum over accepted groups of (version at acceptance - head_version)
     staleness_max: int = 0
     flushes: int = 0
+    flush_causes: dict[str, int] = field(default_factory=lambda: collections.Counter())  # ordered_writer
     write_errors: int = 0
     first_failure: str | None = None
     started_at: float = field(default_factory=time.monotonic)
@@ -80,4 +81,5 @@ class ExecutorStats:
             "shard_flushes": float(self.flushes),
             "write_errors": float(self.write_errors),
         }
+        out |= {f"shard_flushes_{cause}": float(n) for cause, n in self.flush_causes.items()}
         return out | {f"rejected_{reason}": float(n) for reason, n in self.rejected.items()}

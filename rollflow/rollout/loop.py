@@ -154,6 +154,8 @@ class RolloutWorker:
         self._tried: set[tuple[int, int]] = set()  # (block, generation) takeovers tried
         self._others_released = 0  # storage's view, refreshed by _sync
         self._credited = 0
+        self._claim_blocked = False  # the last claim gate decision (rollout_state's claim_wait)
+        self._exhausted = False  # the source's last answer (rollout_state's exhausted)
 
     # --- the story ------------------------------------------------------------------------------------------
 
@@ -193,7 +195,16 @@ class RolloutWorker:
             self.executor.raise_if_failed()
             loading = self.weights is not None and self.weights.state == "loading"
             room = self.staleness.staleness_room(int(self.version_fn()))
-            self.clock.enter(rollout_state(self.executor.n_running, room, loading=loading))
+            self.clock.enter(
+                rollout_state(
+                    self.executor.n_running,
+                    room,
+                    loading=loading,
+                    buffered=self.executor.buffered,
+                    claim_blocked=self._claim_blocked,
+                    exhausted=self._exhausted,
+                )
+            )
             now = time.monotonic()
             stopped_by = await self._local_stop_reason()
             if stopped_by is None and now - last_done >= self.done_poll_s:
@@ -214,8 +225,10 @@ class RolloutWorker:
             return "done" if done is not None else "stop_event"
         if limit is not None and self.staleness.accepted_total >= limit:
             return "limit"
-        if self.executor.n_running == 0 and await asyncio.to_thread(lambda: self.source.exhausted):
-            return "epochs"
+        if self.executor.n_running == 0:
+            self._exhausted = await asyncio.to_thread(lambda: self.source.exhausted)
+            if self._exhausted:
+                return "epochs"
         return None
 
     async def _heartbeat(self) -> StopReason | None:
@@ -255,7 +268,7 @@ class RolloutWorker:
         self.writer = ShardWriter(
             self.storage,
             self.name,
-            flush_rows=cfg.rollout.shard_flush_rows,
+            flush_rows=cfg.rollout.flush_rows(cfg.train.batch_size),
             flush_seconds=cfg.rollout.shard_flush_seconds,
             on_evict=self.staleness.on_evicted,
         )
@@ -314,9 +327,9 @@ class RolloutWorker:
     def _claim_fits(self, reserved: int) -> bool:
         released = self._others_released + self._own_released()
         version = int(self.version_fn())
-        return self.staleness.claim_fits(
-            reserved, released=released, credited=self._credited, version=version
-        )
+        fits = self.staleness.claim_fits(reserved, released=released, credited=self._credited, version=version)
+        self._claim_blocked = not fits  # the time accounting's claim_wait
+        return fits
 
     def _sync(self) -> None:  # worker thread: storage's view, other workers' releases, dead workers' blocks
         v = self.ledger.refresh()

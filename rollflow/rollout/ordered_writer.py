@@ -4,7 +4,10 @@ What it is: the executor's writer-watermark bookkeeping. Every sink call (``add`
 ``flush``, and extra work queued with ``submit``) runs on one worker thread, in the order it was queued,
 so the loop never blocks on storage. Each ``add`` gets a sequence number; a sink call queued with
 ``watermark = w`` that returns truthy has committed every add numbered ``<= w`` (the sink writes adds in
-order, and a flush covers all adds queued before it), so those keys leave ``buffered_keys``. At most one
+order, and a flush covers all adds queued before it), so those keys leave ``buffered_keys``. Each commit is
+counted by its cause in ``stats.flush_causes``: ``fill`` (an ``add`` reached the sink's ``flush_rows``),
+``timer`` (the oldest row reached the sink's age limit), ``gate`` (a forced flush: the caller can admit no
+more work, so waiting for either would stall the trainer), ``close``. At most one
 ``maybe_flush`` is in flight. ``max_failures`` failed sink calls in a row are fatal: ``on_fatal`` gets a
 ``RolloutFailureError``; a success resets the count.
 
@@ -67,7 +70,7 @@ class OrderedWriter:
             return
         self._flush_inflight = True
         fn = self.sink.flush if force else self.sink.maybe_flush
-        self._call(fn, watermark=self._seq, flush=True)
+        self._call(fn, watermark=self._seq, flush=True, cause="gate" if force else "timer")
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the writer thread after every call queued so far."""
@@ -84,17 +87,31 @@ class OrderedWriter:
     async def aclose(self) -> None:
         """Queue a final ``sink.flush``, wait for it and whatever ``on_commit`` queued after it, then stop
         the thread."""
-        self._call(self.sink.flush, watermark=self._seq)
+        self._call(self.sink.flush, watermark=self._seq, cause="close")
         while self._futures:
             await asyncio.gather(*list(self._futures), return_exceptions=True)
         self._pool.shutdown(wait=True)
 
-    def _call(self, fn: Callable[..., Any], *args: Any, watermark: int | None, flush: bool = False) -> None:
+    def _call(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        watermark: int | None,
+        flush: bool = False,
+        cause: str = "fill",
+    ) -> None:
         fut = self._loop.run_in_executor(self._pool, fn, *args)
         self._futures.add(fut)
-        fut.add_done_callback(lambda f: self._done(f, watermark, flush))
+        fut.add_done_callback(lambda f: self._done(f, watermark, flush, cause))
 
-    def _done(self, fut: asyncio.Future[Any], watermark: int | None, flush: bool) -> None:
+    def _cause(self, cause: str, record: Any) -> str:
+        """An ``add`` that committed fewer rows than the sink's ``flush_rows`` hit its age limit."""
+        limit, rows = getattr(self.sink, "flush_rows", None), getattr(record, "rows", None)
+        if cause == "fill" and isinstance(limit, int) and isinstance(rows, int) and rows < limit:
+            return "timer"
+        return cause
+
+    def _done(self, fut: asyncio.Future[Any], watermark: int | None, flush: bool, cause: str) -> None:
         """Runs on the loop thread. A truthy result commits every add up to ``watermark``."""
         self._futures.discard(fut)
         if flush:
@@ -117,6 +134,7 @@ class OrderedWriter:
         if watermark is None or not fut.result():
             return
         self.stats.flushes += 1
+        self.stats.flush_causes[self._cause(cause, fut.result())] += 1
         while self._buffered and self._buffered[0][0] <= watermark:
             self._buffered.popleft()
         if self._on_commit is not None:

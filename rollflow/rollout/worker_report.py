@@ -51,16 +51,38 @@ class RolloutSummary:
         )
 
 
-def rollout_state(n_running: int, staleness_room: int, *, loading: bool) -> str:
+def rollout_state(
+    n_running: int,
+    staleness_room: int,
+    *,
+    loading: bool,
+    buffered: bool = False,
+    claim_blocked: bool = False,
+    exhausted: bool = False,
+) -> str:
     """The rollout's state on one tick (``rollflow.timing.clock``; a sample every ``poll_interval_s``, so
-    its shares are estimates at that resolution): ``paused`` while a weight load has the servers paused;
-    else ``generating`` with episodes in flight; else ``capacity_wait`` when nothing runs because the
-    staleness bound holds new episodes back; else ``idle`` (nothing to run: start-up, data exhausted)."""
+    its shares are estimates at that resolution), first match wins:
+
+    - ``paused``: a weight load has the servers paused;
+    - ``generating``: episodes in flight (their reward scoring included);
+    - ``flush_wait``: nothing runs and accepted groups wait in the shard writer's buffer (being committed);
+    - ``capacity_wait``: nothing runs because the staleness bound holds new episodes back: waiting for the
+      trainer's next version;
+    - ``claim_wait``: the bound has room but the claim gate (``staleness.claim_fits``, every worker's claims
+      together) refused the next block of prompts;
+    - ``exhausted``: every prompt of every allowed epoch was handed out;
+    - ``idle``: none of those (start-up, or the tick between an episode's end and the next start)."""
     if loading:
         return "paused"
     if n_running > 0:
         return "generating"
-    return "capacity_wait" if staleness_room <= 0 else "idle"
+    if buffered:
+        return "flush_wait"
+    if staleness_room <= 0:
+        return "capacity_wait"
+    if claim_blocked:
+        return "claim_wait"
+    return "exhausted" if exhausted else "idle"
 
 
 def rollout_metrics(

@@ -11,9 +11,12 @@ The states each role uses (``ROLE_STATES``):
   the shards once they are), ``computing`` (advantages, proximal/reference logprobs, PPO update),
   ``publishing`` (the audit record, the checkpoint hand-off and the resume point), ``other`` (set-up and
   hooks, e.g. the synchronous baseline's pause of the servers);
-- ``rollout``: ``generating`` (episodes in flight), ``capacity_wait`` (none in flight because the
-  staleness bound holds new ones back), ``paused`` (a weight load has the servers paused), ``idle`` (none
-  of those: start-up, the data exhausted);
+- ``rollout``: ``generating`` (episodes in flight, their reward scoring included), ``flush_wait`` (none
+  in flight; accepted groups wait in the shard writer's buffer), ``capacity_wait`` (none in flight because
+  the staleness bound holds new ones back: waiting for the trainer's next version), ``claim_wait`` (the
+  claim gate over every worker's prompts refused the next block), ``paused`` (a weight load has the servers
+  paused), ``exhausted`` (every allowed epoch handed out), ``idle`` (none of those: start-up, the tick
+  between an episode's end and the next start); ``rollflow.rollout.worker_report.rollout_state`` decides;
 - ``weights`` (the checkpoint watcher): ``fetching`` (fetch and verify a new version; generation goes on),
   ``updating`` (the round trips around a load: the served-version check, the pause request),
   ``loading`` (from a server's pause to its continue: generation stops there) or ``waiting``;
@@ -37,7 +40,7 @@ from typing import Any
 
 ROLE_STATES: dict[str, tuple[str, ...]] = {
     "trainer": ("waiting_data", "computing", "publishing", "other"),
-    "rollout": ("generating", "capacity_wait", "paused", "idle"),
+    "rollout": ("generating", "flush_wait", "capacity_wait", "claim_wait", "paused", "exhausted", "idle"),
     "weights": ("fetching", "updating", "loading", "waiting"),
     "eval": ("evaluating", "idle"),
 }

@@ -115,6 +115,16 @@ class TimingReporter:
         return self._final
 
 
+# The rollout's other named waits (rollflow.timing.clock), as ``bounds`` words them.
+ROLLOUT_WAITS = (
+    ("flush_wait", "committing its buffer"),
+    ("claim_wait", "held by the claim gate"),
+    ("paused", "paused for a weight load"),
+    ("exhausted", "out of prompts"),
+    ("idle", "idle"),
+)
+
+
 def bounds(figures: dict[str, float]) -> str:
     """One line saying where the time went and which role waits for which (from ``figures``)."""
     parts = []
@@ -125,7 +135,12 @@ def bounds(figures: dict[str, float]) -> str:
     if wait is not None and comp is not None:
         parts.append(f"trainer computing {comp:.0%}, waiting for data {wait:.0%}")
     if gen is not None and cap is not None:
-        parts.append(f"rollout generating {gen:.0%}, held by the staleness bound {cap:.0%}")
+        waits = "".join(
+            f", {label} {figures[f'time/rollout/{state}_frac']:.0%}"
+            for state, label in ROLLOUT_WAITS
+            if figures.get(f"time/rollout/{state}_frac", 0.0) >= 0.005
+        )
+        parts.append(f"rollout generating {gen:.0%}, held by the staleness bound {cap:.0%}{waits}")
     cores = sorted((k, v) for k, v in figures.items() if k.startswith("time/cpu/core"))
     if cores:
         parts.append("cores busy " + ", ".join(f"{v:.0%}" for _, v in cores))

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from rollflow.timing.clock import ROLE_STATES
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +69,7 @@ def test_async_rl_learns_and_reports(
     # timeline (JSON + picture) is an artifact of the run.
     time_metrics = run.data.metrics
     for role, states in (("trainer", ("waiting_data", "computing", "publishing", "other")),
-                         ("rollout", ("generating", "capacity_wait", "paused", "idle"))):  # fmt: skip
+                         ("rollout", ROLE_STATES["rollout"])):  # fmt: skip
         assert sum(time_metrics[f"time/{role}/{s}_frac"] for s in states) == pytest.approx(1.0, abs=1e-6)
     assert time_metrics["time/trainer/computing_frac"] > 0 and "time/cpu/busy_frac_min" in time_metrics
     assert 0 < time_metrics["time/server0/busy_frac"] <= 1

@@ -444,6 +444,13 @@ def test_rollout_state_precedence() -> None:
     assert rollout_state(0, 0, loading=False) == "capacity_wait"  # nothing runs: the bound holds it back
     assert rollout_state(8, 5, loading=False) == "generating"
     assert rollout_state(0, 5, loading=False) == "idle"
+    # the named waits: a buffer being committed comes first (the trainer may wait for exactly it), then the
+    # trainer's version, then the claim gate, then the end of the data
+    assert rollout_state(0, 0, loading=False, buffered=True, claim_blocked=True) == "flush_wait"
+    assert rollout_state(0, 0, loading=False, claim_blocked=True) == "capacity_wait"
+    assert rollout_state(0, 5, loading=False, claim_blocked=True, exhausted=True) == "claim_wait"
+    assert rollout_state(0, 5, loading=False, exhausted=True) == "exhausted"
+    assert rollout_state(2, 5, loading=False, buffered=True) == "generating"
 
 
 def test_staleness_room_is_the_bound_without_the_concurrency_cap() -> None:

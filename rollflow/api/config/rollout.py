@@ -66,8 +66,14 @@ class RolloutConfig:
     generation: GenerationConfig = field(
         default_factory=GenerationConfig, metadata=help_("Sampling parameters.")
     )
-    shard_flush_rows: int = field(
-        default=256, metadata=help_("Flush a trajectory shard once it holds this many rows.")
+    shard_flush_rows: int | None = field(
+        default=None,
+        metadata=help_(
+            "Flush a trajectory shard once it holds this many rows. None = one training batch's rows "
+            "(train.batch_size x group_size), so a shard is never larger than what the trainer waits "
+            "for. Whatever the size, the rollout commits its buffer at once when it can start no more "
+            "episodes (the staleness bound is reached), so no step waits for shard_flush_seconds."
+        ),
     )
     shard_flush_seconds: float = field(
         default=2.0, metadata=help_("Flush a non-empty shard after this many seconds.")
@@ -172,6 +178,10 @@ class RolloutConfig:
         ),
     )
 
+    def flush_rows(self, batch_size: int) -> int:
+        """``shard_flush_rows``, or one training batch's rows ``batch_size * group_size`` when None."""
+        return self.shard_flush_rows if self.shard_flush_rows is not None else batch_size * self.group_size
+
     def curriculum_probs(self) -> tuple[float, float]:
         """``(skip_solved_prob, skip_unsolved_prob)`` with None resolved: ``CURRICULUM_DEFAULT`` for an
         unbounded rollout, 0 for one bounded by ``max_epochs`` (it must generate every prompt every epoch)."""
@@ -188,7 +198,8 @@ class RolloutConfig:
             "rollout.max_staleness",
             "must be >= 0 (0 = on-policy; 1-4 are typical for async runs)",
         )
-        check(self.shard_flush_rows >= 1, "rollout.shard_flush_rows", "must be >= 1")
+        if self.shard_flush_rows is not None:
+            check(self.shard_flush_rows >= 1, "rollout.shard_flush_rows", "must be >= 1 or null")
         check(self.shard_flush_seconds > 0, "rollout.shard_flush_seconds", "must be > 0")
         check(self.reward_workers >= 1, "rollout.reward_workers", "must be >= 1")
         for name in ("skip_solved_prob", "skip_unsolved_prob"):
