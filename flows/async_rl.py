@@ -39,6 +39,7 @@ from flows.run_name import async_rl_run_name, planned_trial
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.parameter_secrets import refuse_secret_overrides_for_other_processes
 from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trial_record import pinned_overrides, resume_tags, settle_config
 from rollflow.trials import choose_trial, named_in_overrides
 from tasks.bootstrap import bootstrap_model
 from tasks.distributed import writer_name_for
@@ -204,6 +205,12 @@ def run_async_rl(
             open_storage=lambda t: open_trial_storage(cfg, t),
         )
         cfg = dataclasses.replace(cfg, trial=plan.trial)
+        resumed = None
+        if plan.state in ("unfinished", "trained"):  # the trial's recorded config, not the YAML read again
+            resumed = settle_config(
+                open_trial_storage(cfg), cfg, state=plan.state, overrides=overrides, warn=logger.warning
+            )
+            cfg = resumed.cfg
         configure_process_env(cfg)
         name_flow_run(f"async-rl-{cfg.trial}")
         logger.info("trial %s (%s%s)", cfg.trial, plan.state, ", resume" if plan.resume else "")
@@ -216,6 +223,8 @@ def run_async_rl(
         source_version = None
         if retrain_from_registry and plan.state == "new":
             cfg, source_version = _from_registry(cfg, logger)
+        if resumed is None:  # a new trial records the config it starts with (rollflow.trial_record)
+            resumed = settle_config(open_trial_storage(cfg), cfg, state="new", overrides=overrides)
         t0 = time.monotonic()
 
         tracker: MlflowTracker | None = None
@@ -223,7 +232,7 @@ def run_async_rl(
             from rollflow.tracking.mlflow_tracker import MlflowTracker
 
             tracker = MlflowTracker(cfg)
-            tracker.start(tags=run_lineage(cfg, source_version))
+            tracker.start(tags={**run_lineage(cfg, source_version), **resume_tags(resumed)})
         storage = open_trial_storage(cfg)
         status = "FAILED"
         try:
@@ -231,7 +240,7 @@ def run_async_rl(
                 # The children run this trial (the resolved one, not a fresh one each) from the same settings.
                 params = {
                     "config": config,
-                    "overrides": [*overrides, f"trial={cfg.trial}"],
+                    "overrides": [*overrides, *pinned_overrides(resumed), f"trial={cfg.trial}"],
                     "settings": settings,
                 }
                 parts = run_distributed(cfg, params, tracker)

@@ -1,7 +1,9 @@
 """The evaluate flow: score one committed checkpoint version on a dataset split.
 
 It fetches and verifies the checkpoint, serves it on a private inference server, scores the split
-greedily and writes a Prefect table artifact (and the accuracy as the flow's result).
+greedily and writes a Prefect table artifact (and the accuracy as the flow's result). The score is
+recorded under the checkpoint's version (``eval/v{N}.json``), never the private server's starting
+version 0, so the trial's 'before' score stays as it was.
 Run locally: python -m flows.evaluate --config configs/tiny_cpu.yaml --version 20
 """
 
@@ -66,7 +68,10 @@ def evaluate(
         )
         servers = start_servers(eval_cfg, str(local))
         try:
-            result = evaluate_policy(eval_cfg, servers.addresses, label=f"v{version}", min_version=0)
+            # the server starts at weight version 0 whatever it loaded: the record is the checkpoint's
+            result = evaluate_policy(
+                eval_cfg, servers.addresses, label=f"v{version}", min_version=0, scored_version=version
+            )
         finally:
             stop_servers(servers)
         return {k: v for k, v in result.items() if k != "rows"} | {"checkpoint_version": version}

@@ -4,7 +4,8 @@ What it is:
 
 * ``aevaluate`` renders each prompt with the chat template, generates (greedy by default) through any
   ``InferenceClient`` concurrently, scores completions with the task's verifiable reward and returns
-  accuracy (share of completions with reward >= ``correct_threshold``) plus the decoded rows.
+  accuracy (share of completions with reward >= ``correct_threshold``, ``eval.correct_reward``), the
+  mean reward, whether the rewards were binary (``rollflow.eval_scores``) plus the decoded rows.
   Rewards are scored exactly as in rollout: by a ``RewardScorer`` (``rollflow.rewards.AsyncRewardRunner``,
   worker processes with a timeout), never in-process on the event loop. math-verify's own timeouts
   use ``signal.alarm`` and are off away from the main thread, so an in-process call on
@@ -15,7 +16,8 @@ What it is:
 * ``served_version`` / ``wait_for_served_version``: the version every server serves (the minimum over
   servers), polled until it reaches a target, so "after training" really scores the final policy.
 * ``arun_eval(cfg, addresses)``: the whole evaluation of one config, as the Prefect tasks in
-  ``tasks/evaluate.py`` call it.
+  ``tasks/evaluate.py`` call it; the result names its evaluation set by the digest of its rows
+  (``EvalResult.eval_set``), so scores of different sets are never compared.
 
 What it is not: a trainer-side evaluation (it uses the servers, so it measures exactly what rollout
 samples from), and it does not log anywhere; callers send ``EvalResult`` to MLflow/Prefect.
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollflow.api.inference import GenerateRequest, InferenceClient, SamplingParams
 from rollflow.api.rewards import RewardScorer
+from rollflow.eval_scores import BaseSplit, eval_set_digest, score_rewards
 from rollflow.inference.contract import Engine
 from rollflow.inference.sglang import SGLangEngine
 from rollflow.workflows.blocks import render_chat
@@ -53,6 +56,13 @@ class EvalResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
     reward_errors: int = 0  # rewards that raised, returned a bad value or got no worker (scored 0)
     reward_timeouts: int = 0  # rewards that ran past the runner's timeout (scored 0)
+    binary: bool = True  # every reward was 0 or >= the correct threshold (rollflow.eval_scores)
+    eval_set: str = ""  # digest of the held-out rows scored (eval_set_digest); "" = not known
+
+    def retention(self, split: BaseSplit | None) -> dict[str, float]:
+        """``accuracy_base_solved`` / ``accuracy_base_unsolved`` against the trial's base split ({} without
+        one, or for another evaluation set)."""
+        return {} if split is None else split.accuracies(self.rows, self.eval_set)
 
     @property
     def version(self) -> int:
@@ -111,9 +121,11 @@ async def aevaluate(
     errors = sum(r["reward_error"] is not None for r in rows) - timeouts
     if errors or timeouts:
         log.warning("eval: %d reward errors and %d timeouts scored 0 (of %d)", errors, timeouts, len(rows))
+    accuracy, mean_reward, binary = score_rewards(rewards, correct_threshold)
     return EvalResult(
-        accuracy=sum(r >= correct_threshold for r in rewards) / len(rows),
-        mean_reward=sum(rewards) / len(rows),
+        accuracy=accuracy,
+        mean_reward=mean_reward,
+        binary=binary,
         n=len(rows),
         versions=dict(Counter(r["version"] for r in rows)),
         seconds=time.perf_counter() - start,
@@ -178,14 +190,11 @@ async def arun_eval(cfg: ExperimentConfig, addresses: list[str]) -> EvalResult:
     from transformers import AutoTokenizer
 
     from rollflow.agents.evaluate import aevaluate_agent, is_agent_workflow
-    from rollflow.data import load_prompts
     from rollflow.inference.client import EngineClient
     from rollflow.rewards.inprocess import reward_runner_for
     from rollflow.workflows.factory import sampling_params
 
-    prompts = load_prompts(cfg.dataset, cfg.eval.split or cfg.dataset.eval_split)
-    if cfg.eval.n_prompts:
-        prompts = prompts[: cfg.eval.n_prompts]
+    prompts = eval_prompts(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     sampling = sampling_params(cfg)  # the rollout's parameters, greedy unless eval.greedy is off
     sampling.max_new_tokens = cfg.eval.max_new_tokens or sampling.max_new_tokens
@@ -194,12 +203,35 @@ async def arun_eval(cfg: ExperimentConfig, addresses: list[str]) -> EvalResult:
     client = EngineClient.from_config(cfg.inference, addresses)
     try:
         if is_agent_workflow(cfg.rollout.workflow):  # an agent is scored by running it, episode by episode
-            return await aevaluate_agent(cfg, client, prompts, sampling)
-        async with reward_runner_for(
-            cfg.dataset.reward_fn,
-            max_workers=cfg.rollout.reward_workers,
-            timeout_s=cfg.rollout.reward_timeout_s,
-        ) as scorer:
-            return await aevaluate(client, tokenizer, prompts, scorer, sampling=sampling)
+            result = await aevaluate_agent(cfg, client, prompts, sampling)
+            rewards = [float(r["reward"]) for r in result.rows]
+            result.accuracy, result.mean_reward, result.binary = score_rewards(
+                rewards, cfg.eval.correct_reward
+            )
+        else:
+            async with reward_runner_for(
+                cfg.dataset.reward_fn,
+                max_workers=cfg.rollout.reward_workers,
+                timeout_s=cfg.rollout.reward_timeout_s,
+            ) as scorer:
+                result = await aevaluate(
+                    client,
+                    tokenizer,
+                    prompts,
+                    scorer,
+                    sampling=sampling,
+                    correct_threshold=cfg.eval.correct_reward,
+                )
     finally:
         await client.aclose()
+    result.eval_set = eval_set_digest(prompts)
+    return result
+
+
+def eval_prompts(cfg: ExperimentConfig) -> list[dict[str, Any]]:
+    """The held-out rows an evaluation of ``cfg`` scores: ``eval.split`` (default ``dataset.eval_split``),
+    the first ``eval.n_prompts`` of them (0 = all)."""
+    from rollflow.data import load_prompts
+
+    prompts = load_prompts(cfg.dataset, cfg.eval.split or cfg.dataset.eval_split)
+    return prompts[: cfg.eval.n_prompts] if cfg.eval.n_prompts else prompts

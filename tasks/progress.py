@@ -2,16 +2,20 @@
 
 What it is: ``RunProgress``, a ``MetricsSink`` that forwards every metric unchanged (to MLflow) and
 watches a few go by: the trainer's ``train/*`` (one dict per step, with ``train/version``,
-``train/reward_mean``, ``train/staleness_mean`` and ``train/seqs``) and the evaluations' ``eval/accuracy``.
+``train/reward_mean``, ``train/staleness_mean`` and ``train/seqs``) and the evaluations' ``eval/accuracy``
+with its retention split (``eval/accuracy_base_solved`` / ``eval/accuracy_base_unsolved``: held-out problems
+the starting policy solved / did not).
 Each time training crosses the next ``milestone_pct`` of ``train.steps``
 (10 %, 20 %, ... and the last step) it
 
 - says one line (the flow's run logger), e.g.::
 
-      progress 30/100 (30%): reward 0.521, held-out accuracy 0.585 (v20), 671 completions/s, staleness 1.3, 21 s
+      progress 30/100 (30%): reward 0.521, held-out accuracy 0.585 (v20; base-solved 0.900, base-unsolved 0.480), 671 completions/s, staleness 1.3, 21 s
 
   where reward and staleness (the version lag of the groups trained) are means over the steps since the
-  previous line, the accuracy is the newest evaluation and the version it scored, completions/s is the
+  previous line, the accuracy is the newest evaluation and the version it scored (with the accuracy on
+  the problems the starting policy solved, which falls when the policy forgets, and on those it did
+  not, which rises as it learns), completions/s is the
   completions trained per second since the previous line (what the rollout generates, in the steady state
   the staleness bound keeps: what is generated beyond it waits), and the last figure is the seconds since this object was made (the
   embedded flow makes it once its servers are up); a value not seen yet is left out. A 100-step run says
@@ -102,6 +106,7 @@ class RunProgress:
         self._seqs = 0.0
         self._t_line = self._t0  # when the previous line was said
         self._accuracy: tuple[float, int | None] | None = None
+        self._retention: dict[str, float] = {}  # the newest evaluation's base-solved / base-unsolved
         self._last_reward: float | None = None  # for the bar
         stream = sys.stdout if bar_stream == "stdout" else bar_stream
         self._bar = self._make_bar(stream) if stream is not None else None
@@ -127,6 +132,11 @@ class RunProgress:
         with self._lock:
             if "eval/accuracy" in metrics:
                 self._accuracy = (float(metrics["eval/accuracy"]), step)
+                self._retention = {
+                    name: float(metrics[f"eval/accuracy_base_{name}"])
+                    for name in ("solved", "unsolved")
+                    if f"eval/accuracy_base_{name}" in metrics
+                }
             if "train/version" not in metrics:
                 return
             version = int(metrics["train/version"])
@@ -161,7 +171,13 @@ class RunProgress:
             fields.append(f"reward {sum(self._reward) / len(self._reward):.3f}")
         if self._accuracy is not None:
             acc, at = self._accuracy
-            fields.append(f"held-out accuracy {acc:.3f}" + (f" (v{at})" if at is not None else ""))
+            notes = [f"v{at}"] if at is not None else []
+            notes += (
+                [", ".join(f"base-{k} {v:.3f}" for k, v in self._retention.items())]
+                if self._retention
+                else []
+            )
+            fields.append(f"held-out accuracy {acc:.3f}" + (f" ({'; '.join(notes)})" if notes else ""))
         if self._seqs > 0 and now > self._t_line:
             fields.append(f"{self._seqs / (now - self._t_line):.0f} completions/s")
         self._t_line = now

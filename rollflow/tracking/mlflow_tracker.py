@@ -316,9 +316,11 @@ class MlflowTracker:
         extra_tags: dict[str, Any] | None = None,
         base: BaseModelIdentity | None = None,
         merged_from: str | None = None,
+        move_alias: bool = True,
     ) -> str:
         """Log a verified HF checkpoint dir as the run's chat model (a logged model named ``model``) and
-        register it (moving the ``latest-rl`` alias); returns the registry version. The caller decides
+        register it (moving the ``latest-rl`` alias unless ``move_alias`` is False); returns the registry
+        version. The caller decides
         whether to. With ``base``, ``local_dir`` is a LoRA adapter of it (the logged model ``adapter``,
         tagged with the base's identity). With ``merged_from`` (``<name> v<n>``, the registered adapter),
         ``local_dir`` is that adapter merged into its base: it goes under ``merged_model_name``.
@@ -326,7 +328,8 @@ class MlflowTracker:
         registering and is resumed) is returned again, with the alias on it, and nothing is logged twice."""
         registry = Registry(self.client, self.merged_model_name) if merged_from else self.registry
         if self.run_id is not None and (done := registry.registered_by(self.run_id, version)) is not None:
-            registry.point_alias(done)
+            if move_alias:
+                registry.point_alias(done)
             return done
         tags = {"policy_version": str(version), "trial": self.cfg.trial, "experiment": self.cfg.experiment}
         tags.update({k: str(v) for k, v in (extra_tags or {}).items()})
@@ -345,6 +348,7 @@ class MlflowTracker:
             system_prompt=self.cfg.dataset.system_prompt,
             lora_rank=lora_rank,
             merged_from=merged_from,
+            registered_name=registry.model_name,
         )
         model = log_chat_model(self.client, self.tracking_uri, self.run_id, local_dir, card, base=base)
         what = f"rollflow policy version {version} of trial {self.cfg.trial}"
@@ -352,7 +356,7 @@ class MlflowTracker:
             what = f"rank-{lora_rank} LoRA adapter (peft) of {base.name}: {what}"
         elif merged_from is not None:
             what = f"{what}: the LoRA adapter {merged_from} merged into its base"
-        return registry.register(self.run_id, model, tags=tags, description=what)
+        return registry.register(self.run_id, model, tags=tags, description=what, move_alias=move_alias)
 
 
 def download_latest_registered(

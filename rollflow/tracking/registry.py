@@ -11,6 +11,17 @@ What it is:
   was registered with (``Incumbent.rescored``); the detail then says so and gives both numbers, e.g.
   ``eval accuracy 0.9850 < incumbent v1 0.9950 (re-scored on this run's eval prompts; registered with
   0.9900)``, and ``incumbent_tags`` gives the same as separate tags.
+
+  Two refinements, for scores that cannot be compared as they stand:
+  * **the same evaluation set.** A candidate scored on held-out rows whose digest
+    (``rollflow.eval_scores.eval_set_digest``) differs from the incumbent's ``eval_set_digest`` tag (or an
+    incumbent registered without one) is ``not-comparable``: it is registered as a new version of the
+    model, tagged ``comparable=false``, but the alias stays where it is (``RegistryDecision.move_alias``
+    is False). Every candidate stays in the registry, as MLflow users expect, and the champion changes
+    only on evidence. A retrain re-scores its incumbent on its own set, so it is always comparable.
+  * **what "better" means.** Accuracy counts rewards ``>= eval.correct_reward``; when either side's
+    rewards were not binary (partial credit), accuracy would tie at 0, so the mean reward is compared
+    instead (``RegistryDecision.metric``).
 - the model format is ``chat_model.py``'s: an MLflow 3 logged model in the transformers flavour with the
   chat task, called with ``{"messages": [...]}`` (``mlflow.pyfunc``, ``mlflow models serve``).
 - ``Registry``: find the incumbent, register a logged model with tags (the version's source is the logged
@@ -44,14 +55,26 @@ class Incumbent:
     tags: dict[str, str]
     rescored: bool = False
     registered_accuracy: float | None = None  # what it was registered with, kept when it is re-scored
+    mean_reward: float | None = None  # eval mean reward (tag eval_mean_reward; the before score if re-scored)
+    binary: bool | None = None  # its eval rewards were all 0 or correct (tag eval_binary); None = not known
+    eval_set: str | None = None  # digest of the held-out rows it was scored on (tag eval_set_digest)
 
-    def rescore(self, eval_accuracy: float) -> Incumbent:
+    def rescore(
+        self, eval_accuracy: float, *, mean_reward: float | None = None, binary: bool | None = None
+    ) -> Incumbent:
         """This incumbent judged by ``eval_accuracy`` (its score on this run's held-out prompts)."""
-        return Incumbent(self.version, eval_accuracy, self.tags, True, self.eval_accuracy)
+        return Incumbent(
+            self.version, eval_accuracy, self.tags, True, self.eval_accuracy, mean_reward, binary, None
+        )
 
-    def describe(self) -> str:
+    def score(self, metric: str) -> float | None:
+        return self.mean_reward if metric == "mean_reward" else self.eval_accuracy
+
+    def describe(self, metric: str = "accuracy") -> str:
         """``incumbent v1 0.9950`` (+ how that number came about when it was re-scored)."""
-        acc = "(no recorded accuracy)" if self.eval_accuracy is None else f"{self.eval_accuracy:.4f}"
+        value = self.score(metric)
+        what = "" if metric == "accuracy" else "mean reward "
+        acc = f"(no recorded {metric.replace('_', ' ')})" if value is None else f"{what}{value:.4f}"
         if not self.rescored:
             return f"incumbent v{self.version} {acc}"
         return f"incumbent v{self.version} {acc} (re-scored on this run's eval prompts; {self._registered()})"
@@ -65,8 +88,10 @@ class Incumbent:
 @dataclass(frozen=True)
 class RegistryDecision:
     register: bool
-    reason: str  # first-version | eval-improved | eval-tied | eval-worse | no-training
+    reason: str  # first-version | eval-improved | eval-tied | eval-worse | no-training | not-comparable
     detail: str  # one human sentence, stored as a tag
+    move_alias: bool = True  # False: registered as a version, the alias stays on the incumbent
+    metric: str = "accuracy"  # accuracy | mean_reward: what was compared
 
 
 def incumbent_tags(incumbent: Incumbent) -> dict[str, str]:
@@ -74,6 +99,10 @@ def incumbent_tags(incumbent: Incumbent) -> dict[str, str]:
     tags = {"rollflow.registry.incumbent_version": incumbent.version}
     if incumbent.eval_accuracy is not None:
         tags["rollflow.registry.incumbent_accuracy"] = f"{incumbent.eval_accuracy:.4f}"
+    if incumbent.mean_reward is not None:
+        tags["rollflow.registry.incumbent_mean_reward"] = f"{incumbent.mean_reward:.4f}"
+    if incumbent.eval_set is not None:
+        tags["rollflow.registry.incumbent_eval_set"] = incumbent.eval_set
     if incumbent.rescored:
         tags["rollflow.registry.incumbent_rescored"] = "true"
         if incumbent.registered_accuracy is not None:
@@ -86,26 +115,50 @@ def incumbent_tags(incumbent: Incumbent) -> dict[str, str]:
 
 
 def decide_registration(
-    *, steps_trained: int, eval_accuracy: float, incumbent: Incumbent | None
+    *,
+    steps_trained: int,
+    eval_accuracy: float,
+    incumbent: Incumbent | None,
+    mean_reward: float | None = None,
+    binary: bool = True,
+    eval_set: str | None = None,
 ) -> RegistryDecision:
-    """See the module docstring. An incumbent without a recorded accuracy counts as beaten."""
+    """See the module docstring. An incumbent without a recorded score counts as beaten. ``eval_set``:
+    the digest of the candidate's held-out rows (None: not known, no check); ``binary`` / ``mean_reward``:
+    whether its rewards were binary, and their mean."""
     if steps_trained <= 0:
         return RegistryDecision(False, "no-training", "the run trained 0 steps; nothing new to register")
     if incumbent is None:
         return RegistryDecision(True, "first-version", f"no incumbent; eval accuracy {eval_accuracy:.4f}")
-    best = incumbent.eval_accuracy
-    if best is None or eval_accuracy > best:
+    if eval_set is not None and not incumbent.rescored and incumbent.eval_set != eval_set:
+        seen = incumbent.eval_set or "no recorded evaluation set"
         return RegistryDecision(
-            True, "eval-improved", f"eval accuracy {eval_accuracy:.4f} > {incumbent.describe()}"
+            True,
+            "not-comparable",
+            f"scored on evaluation set {eval_set[:19]}, {incumbent.describe()} on {seen[:19]}: not comparable; "
+            "registered as a new version, the alias stays on the incumbent",
+            move_alias=False,
         )
-    if eval_accuracy == best:
+    metric = (
+        "mean_reward" if (not binary or incumbent.binary is False) and mean_reward is not None else "accuracy"
+    )
+    value = mean_reward if metric == "mean_reward" else eval_accuracy
+    assert value is not None
+    what = "eval accuracy" if metric == "accuracy" else "eval mean reward (partial-credit rewards)"
+    best = incumbent.score(metric)
+    if best is None or value > best:
         return RegistryDecision(
-            True, "eval-tied", f"eval accuracy {eval_accuracy:.4f} = {incumbent.describe()}"
+            True, "eval-improved", f"{what} {value:.4f} > {incumbent.describe(metric)}", metric=metric
+        )
+    if value == best:
+        return RegistryDecision(
+            True, "eval-tied", f"{what} {value:.4f} = {incumbent.describe(metric)}", metric=metric
         )
     return RegistryDecision(
         False,
         "eval-worse",
-        f"eval accuracy {eval_accuracy:.4f} < {incumbent.describe()}; registry unchanged",
+        f"{what} {value:.4f} < {incumbent.describe(metric)}; registry unchanged",
+        metric=metric,
     )
 
 
@@ -124,8 +177,15 @@ class Registry:
         except MlflowException:
             return None  # no registered model, or no alias yet
         tags = dict(mv.tags)
-        acc = tags.get("eval_accuracy")
-        return Incumbent(str(mv.version), float(acc) if acc not in (None, "") else None, tags)
+        acc, mean, binary = tags.get("eval_accuracy"), tags.get("eval_mean_reward"), tags.get("eval_binary")
+        return Incumbent(
+            str(mv.version),
+            float(acc) if acc not in (None, "") else None,
+            tags,
+            mean_reward=float(mean) if mean not in (None, "") else None,
+            binary=None if binary is None else binary == "true",
+            eval_set=tags.get("eval_set_digest") or None,
+        )
 
     def registered_by(self, run_id: str, policy_version: int) -> str | None:
         """The version of this model that run ``run_id`` already registered for ``policy_version``, if any:
@@ -142,9 +202,17 @@ class Registry:
     def point_alias(self, version: str) -> None:
         self.client.set_registered_model_alias(self.model_name, ALIAS, version)
 
-    def register(self, run_id: str, model: LoggedChatModel, *, tags: dict[str, str], description: str) -> str:
+    def register(
+        self,
+        run_id: str,
+        model: LoggedChatModel,
+        *,
+        tags: dict[str, str],
+        description: str,
+        move_alias: bool = True,
+    ) -> str:
         """Create a model version of the logged ``model`` (``models:/m-...``, made by ``run_id``) and point
-        the alias at it."""
+        the alias at it (unless ``move_alias`` is False: a candidate that is not comparable)."""
         from mlflow.exceptions import MlflowException
 
         with contextlib.suppress(MlflowException):  # already exists
@@ -157,7 +225,8 @@ class Registry:
             tags=tags,
             description=description,
         )
-        self.point_alias(str(mv.version))
+        if move_alias:
+            self.point_alias(str(mv.version))
         return str(mv.version)
 
     def download(self, dst: str | Path, tracking_uri: str) -> tuple[Path, Incumbent]:

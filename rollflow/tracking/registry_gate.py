@@ -21,6 +21,13 @@ idempotent per (run, policy version, model name) (``MlflowTracker.register_check
 tag is written last, with the stage ``done``. A resumed finalize (``tasks.finalize``) finds no decision
 tag and calls the gate again, which takes the written decision rather than judging anew (by then the
 alias may point at the run's own adapter) and registers only what is missing.
+The candidate's scores come from the trial's evaluation records (``eval/v{N}.json``, written by the
+evaluation): its mean reward, whether its rewards were binary, the digest of its evaluation set and its
+retention accuracies. The decision tags add ``rollflow.registry.metric`` (accuracy or mean_reward),
+``eval_set``, ``comparable`` and ``alias_moved`` (false for a ``not-comparable`` candidate: registered as
+a version, the alias left on the incumbent), and ``accuracy_base_solved`` / ``accuracy_base_unsolved``;
+a registered version is tagged ``eval_accuracy``, ``eval_mean_reward``, ``eval_binary`` and
+``eval_set_digest``, which is what the next candidate is compared with.
 What it is not: the rule itself (``registry.py``), the run's artifacts (the flow logs them before), or
 Prefect: the flow's ``tasks.finalize.finish_tracking`` calls this and logs the outcome.
 """
@@ -30,16 +37,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.tracking.base_model import base_model_identity
 from rollflow.tracking.mlflow_tracker import MlflowTracker
-from rollflow.tracking.registry import decide_registration, incumbent_tags
+from rollflow.tracking.registry import Incumbent, decide_registration, incumbent_tags
+from rollflow.trial_record import eval_record
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
 
 DECISION_TAG = "rollflow.registry.decision"
 STAGE_TAG = "rollflow.registry.stage"  # registering | done
+ALIAS_TAG = "rollflow.registry.alias_moved"  # false: registered without taking the alias (not comparable)
+RETENTION = ("accuracy_base_solved", "accuracy_base_unsolved")
 
 
 @dataclass(frozen=True)
@@ -78,9 +89,16 @@ def apply_registry_gate(
         tracker.set_tags({DECISION_TAG: "disabled"})
         return GateOutcome(None, "disabled", {DECISION_TAG: "disabled"})
     after = float(eval_accuracy_after)
+    final = _eval_record(storage, final_version)
+    before = _eval_record(storage, 0)
+    eval_set = final.get("eval_set") or _digest_of(cfg)
     tags = _decided_before(tracker)
     if tags is None:
-        tags = _decide(tracker, steps_trained, after, eval_accuracy_before, source_model_version)
+        tags = _decide(
+            tracker, steps_trained, after, eval_accuracy_before, source_model_version, final, before
+        )
+        tags["rollflow.registry.eval_set"] = eval_set or "unknown"
+        tags.update({f"rollflow.registry.{k}": f"{float(final[k]):.4f}" for k in RETENTION if k in final})
         if tags[DECISION_TAG] == "registered":  # written before registering: a resume finishes it
             decided = {k: v for k, v in tags.items() if k != DECISION_TAG}  # the decision tag comes last
             tracker.set_tags({**decided, STAGE_TAG: "registering"})
@@ -90,17 +108,23 @@ def apply_registry_gate(
         local = store.fetch(final_version, f"{cfg.storage.local_cache}/{cfg.experiment}/{cfg.trial}")
         version_tags = {
             "eval_accuracy": f"{after:.4f}",
+            **({"eval_mean_reward": f"{float(final['mean_reward']):.4f}"} if "mean_reward" in final else {}),
+            **({"eval_binary": str(bool(final["binary"])).lower()} if "binary" in final else {}),
+            **({"eval_set_digest": eval_set} if eval_set else {}),
+            **{k: f"{float(final[k]):.4f}" for k in RETENTION if k in final},
+            "comparable": tags.get("rollflow.registry.comparable", "true"),
             "registry_reason": tags["rollflow.registry.reason"],
             "registry_detail": tags["rollflow.registry.detail"],
             **lineage_tags(),
         }
+        move = tags.get(ALIAS_TAG, "true") != "false"
         if store.get(final_version).is_adapter:
-            registry_version, merged = _register_lora(cfg, tracker, local, final_version, version_tags)
+            registry_version, merged = _register_lora(cfg, tracker, local, final_version, version_tags, move)
             if merged is not None:
                 tags["rollflow.registry.merged_model"] = merged
         else:
             registry_version = tracker.register_checkpoint(
-                local, version=final_version, extra_tags=version_tags
+                local, version=final_version, extra_tags=version_tags, move_alias=move
             )
         registered = f"{tracker.model_name} v{registry_version}"
         tags["rollflow.registry.version"] = registry_version
@@ -109,24 +133,54 @@ def apply_registry_gate(
     return GateOutcome(registered, tags["rollflow.registry.reason"], tags)
 
 
+def _eval_record(storage: Storage, version: int) -> dict[str, Any]:
+    """The trial's evaluation record of ``version`` ({} when there is none)."""
+    return eval_record(storage, version) or {}
+
+
+def _digest_of(cfg: ExperimentConfig) -> str | None:
+    """The digest of the held-out rows ``cfg`` evaluates on, computed from the rows (no record of it)."""
+    from rollflow.eval_scores import eval_set_digest
+    from rollflow.evaluation import eval_prompts
+
+    try:
+        return eval_set_digest(eval_prompts(cfg))
+    except Exception:  # noqa: BLE001 (data gone: the gate then cannot vouch for comparability)
+        return None
+
+
 def _decide(
     tracker: MlflowTracker,
     steps_trained: int,
     after: float,
     before: float,
     source_model_version: str | None,
+    final: dict[str, Any],
+    before_record: dict[str, Any],
 ) -> dict[str, str]:
     """The decision tags of ``decide_registration`` against the incumbent (re-scored by ``before`` when the
-    run started from it)."""
-    incumbent = tracker.registry.incumbent()
+    run started from it). ``final`` / ``before_record``: the trial's evaluation records."""
+    incumbent: Incumbent | None = tracker.registry.incumbent()
     if incumbent is not None and source_model_version == incumbent.version:
         # the run started from the incumbent: its "before" score is the incumbent on this eval set
-        incumbent = incumbent.rescore(float(before))
-    decision = decide_registration(steps_trained=steps_trained, eval_accuracy=after, incumbent=incumbent)
+        incumbent = incumbent.rescore(
+            float(before), mean_reward=before_record.get("mean_reward"), binary=before_record.get("binary")
+        )
+    decision = decide_registration(
+        steps_trained=steps_trained,
+        eval_accuracy=after,
+        incumbent=incumbent,
+        mean_reward=final.get("mean_reward"),
+        binary=bool(final.get("binary", True)),
+        eval_set=final.get("eval_set") or None,
+    )
     tags = {
         DECISION_TAG: "registered" if decision.register else "skipped",
         "rollflow.registry.reason": decision.reason,
         "rollflow.registry.detail": decision.detail,
+        "rollflow.registry.metric": decision.metric,
+        "rollflow.registry.comparable": "false" if decision.reason == "not-comparable" else "true",
+        ALIAS_TAG: str(decision.register and decision.move_alias).lower(),
     }
     if incumbent is not None:
         tags.update(incumbent_tags(incumbent))
@@ -148,13 +202,16 @@ def _register_lora(
     adapter_dir: Path,
     version: int,
     version_tags: dict[str, str],
+    move_alias: bool = True,
 ) -> tuple[str, str | None]:
     """Register the adapter with its base's identity, then (``tracking.register_merged``) base + adapter
     merged under ``tracker.merged_model_name``, linked both ways; returns (the adapter's registry version,
     ``<name>-merged v<m>`` or None)."""
     base = base_model_identity(cfg.model.path)
     tags = {**version_tags, "lora_rank": str(cfg.train.lora.rank)}
-    adapter_version = tracker.register_checkpoint(adapter_dir, version=version, extra_tags=tags, base=base)
+    adapter_version = tracker.register_checkpoint(
+        adapter_dir, version=version, extra_tags=tags, base=base, move_alias=move_alias
+    )
     if not cfg.tracking.register_merged:
         return adapter_version, None
     from rollflow.training.lora import merge_adapter_dir
@@ -167,6 +224,7 @@ def _register_lora(
         version=version,
         extra_tags={**tags, **base.tags()},
         merged_from=f"{tracker.model_name} v{adapter_version}",
+        move_alias=move_alias,
     )
     merged = f"{tracker.merged_model_name} v{merged_version}"
     tracker.client.set_model_version_tag(tracker.model_name, adapter_version, "merged_model", merged)

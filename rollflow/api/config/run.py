@@ -23,9 +23,22 @@ class EvalConfig:
         default=None, metadata=help_("Completion limit; None = rollout.generation.max_new_tokens.")
     )
     split: str | None = field(default=None, metadata=help_("Split to score; None = dataset.eval_split."))
+    correct_reward: float = field(
+        default=1.0,
+        metadata=help_(
+            "A completion counts as correct (eval/accuracy) when its reward is >= this. When some held-out "
+            "reward is neither 0 nor >= this (partial credit), the registry gate compares eval/mean_reward "
+            "instead of accuracy."
+        ),
+    )
 
     def __post_init__(self) -> None:
         check(self.every_n_versions >= 0, "eval.every_n_versions", "must be >= 0")
+        check(
+            self.correct_reward == self.correct_reward and abs(self.correct_reward) != float("inf"),
+            "eval.correct_reward",
+            "must be a finite number",
+        )
         check(self.n_prompts >= 0, "eval.n_prompts", "must be >= 0")
 
 

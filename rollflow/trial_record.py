@@ -1,0 +1,269 @@
+"""What a trial remembers about itself: its resolved config, the overrides given on each resume, and the
+split of its held-out problems by what the starting policy solved.
+
+What it is:
+
+* ``record/config.json`` (``CONFIG_KEY``): written when a trial starts, as JSON (no pickle) with every
+  credential masked (``redacted_dict``)::
+
+      {"config": {...the resolved config...}, "created_at": t, "resumes": [{"at": t, "overrides": [...]}]}
+
+* ``resume_config(record, fresh, overrides, trained_version)``: the config a resume runs with. It is the
+  recorded config, not the YAML read again: a trial started with ``train.steps=200`` resumes with 200
+  whatever the YAML says now. On top of it:
+  - credentials come from the present config (the environment, the YAML), never from the record;
+  - the resume's own ``overrides`` (dotted, explicit) apply, except where they would make the record
+    false: a key that defines the data, the model or where the trial lives (``RECORD_KEYS``:
+    ``experiment``, ``seed``, ``model.*``, ``dataset.*``, ``eval.split``, ``eval.n_prompts``,
+    ``eval.correct_reward``, ``storage.root``, ``train.lora.*``), or a ``train.steps`` below the version
+    already trained. Those raise ``ResumeOverrideError`` (a ``ConfigError``) saying what to do instead;
+  - keys where the present YAML differs from the record without an override are reported
+    (``ResumedConfig.ignored``) so the flow can say that the record won.
+  ``record_resume`` then writes the new config and appends the overrides to ``resumes``.
+* ``eval/v{N}.json``: the evaluation of checkpoint version N (``write_eval_record``). Keyed by the version
+  scored; v0 is the 'before' score and is create-only: nothing replaces it. Another version's record is
+  replaced by a new evaluation of it.
+* ``record/base-split.json`` (``BASE_SPLIT_KEY``): the ``BaseSplit`` the 'before' evaluation decided,
+  written once (create-only); a resume reads it back, so the split never moves.
+
+What it is not: trial selection (``rollflow.trials``), MLflow (the flow tags the run with the resume's
+overrides), or the evaluation (``rollflow.evaluation``). Nothing here imports Prefect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollflow.api.config import ExperimentConfig
+from rollflow.api.errors import ConfigError
+from rollflow.configuration.loader import flatten, load_config, parse_override, redacted_dict, to_dict
+from rollflow.configuration.redact import REDACTED
+from rollflow.eval_scores import BaseSplit
+from storage import keys
+from storage.errors import CommitConflictError
+from storage.fs import Storage
+
+log = logging.getLogger(__name__)
+
+CONFIG_KEY = "record/config.json"
+BASE_SPLIT_KEY = "record/base-split.json"
+# keys whose change on a resume would make the trial's record false: its data, its model, its eval set
+RECORD_KEYS = (
+    "experiment",
+    "seed",
+    "model.",
+    "dataset.",
+    "eval.split",
+    "eval.n_prompts",
+    "eval.correct_reward",
+    "storage.root",
+    "train.lora.",
+)
+
+
+class ResumeOverrideError(ConfigError):
+    """An override given on resume would contradict what the trial already recorded."""
+
+
+@dataclass(frozen=True)
+class ResumedConfig:
+    cfg: ExperimentConfig
+    overrides: list[str]  # the resume's explicit overrides, as given (without trial=)
+    ignored: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # key -> (recorded, present config)
+    history: list[str] = field(default_factory=list)  # every resume's overrides so far, oldest first
+
+
+def read_config_record(storage: Storage) -> dict[str, Any] | None:
+    """The trial's config record, or None (a trial made before records existed, or a new one)."""
+    try:
+        doc = storage.get_json(CONFIG_KEY)
+    except FileNotFoundError:
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("config"), dict) else None
+
+
+def write_config_record(storage: Storage, cfg: ExperimentConfig) -> None:
+    """Record the config a trial starts with (credentials masked), once; a second call keeps the first."""
+    doc = {"config": redacted_dict(cfg), "created_at": time.time(), "resumes": []}
+    with contextlib.suppress(CommitConflictError):
+        storage.put_json(CONFIG_KEY, doc, exclusive=True)
+
+
+def record_resume(storage: Storage, record: dict[str, Any], resumed: ResumedConfig) -> None:
+    """Store the resumed config as the trial's and append this resume's overrides to its history."""
+    doc = {
+        **record,
+        "config": redacted_dict(resumed.cfg),
+        "resumes": [*record.get("resumes", []), {"at": time.time(), "overrides": list(resumed.overrides)}],
+    }
+    storage.put_json(CONFIG_KEY, doc)
+
+
+def resume_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides a resume gives on purpose: all but ``trial=`` (which names the trial to resume)."""
+    return [o for o in overrides if o.split("=", 1)[0].strip() != "trial"]
+
+
+def _has_secret(value: Any) -> bool:
+    return REDACTED in str(value)
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = copy.deepcopy(value)
+    return tree
+
+
+def _check_override(key: str, value: Any, trained_version: int) -> None:
+    if any(key == k or key.startswith(k) for k in RECORD_KEYS if k.endswith(".")) or key in RECORD_KEYS:
+        raise ResumeOverrideError(
+            key,
+            "cannot change on resume: it defines the trial's data, model or evaluation set, which the "
+            "trial already recorded. Start a new trial (leave trial= unset) to change it",
+        )
+    if key == "train.steps" and isinstance(value, int) and value < trained_version:
+        raise ResumeOverrideError(
+            key,
+            f"{value} is below the {trained_version} steps this trial already trained; a resume can only "
+            f"keep or extend the run (train.steps >= {trained_version})",
+        )
+
+
+def resume_config(
+    record: dict[str, Any], fresh: ExperimentConfig, overrides: Sequence[str], *, trained_version: int
+) -> ResumedConfig:
+    """The config to resume with (module docstring). ``fresh``: the config resolved now from the YAML (or
+    settings) and the overrides; ``overrides``: the resume's explicit ones (``resume_overrides``).
+
+    Raises:
+        ResumeOverrideError: an override would change a recorded key (``RECORD_KEYS``) or shorten the run.
+    """
+    given = resume_overrides(overrides)
+    stored = flatten(record["config"])
+    present_raw = flatten(to_dict(fresh))
+    present = flatten(redacted_dict(fresh))
+    flat = {k: v for k, v in stored.items() if not _has_secret(v)}
+    for key, value in present.items():  # credentials: from now, never from the record
+        if _has_secret(value):
+            flat[key] = present_raw[key]
+    flat["trial"] = fresh.trial
+    overridden: set[str] = set()
+    for item in given:
+        path, value = parse_override(item)
+        key = ".".join(path)
+        _check_override(key, value, trained_version)
+        for old in [k for k in flat if k == key or k.startswith(key + ".")]:
+            del flat[old]
+        flat[key] = value
+        overridden.add(key)
+    cfg = load_config(data=_unflatten(flat))
+    if cfg.train.steps < trained_version:  # e.g. a train.* override that sets steps through another path
+        raise ResumeOverrideError(
+            "train.steps", f"{cfg.train.steps} is below the {trained_version} steps trained"
+        )
+    ignored = {
+        k: (stored[k], present[k])
+        for k in sorted(set(stored) & set(present))
+        if k != "trial" and k not in overridden and stored[k] != present[k] and not _has_secret(present[k])
+    }
+    return ResumedConfig(cfg, given, ignored)
+
+
+def settle_config(
+    storage: Storage,
+    cfg: ExperimentConfig,
+    *,
+    state: str,
+    overrides: Sequence[str],
+    warn: Callable[[str], None] | None = None,
+) -> ResumedConfig:
+    """The config a run of a trial in ``state`` (``rollflow.trials.TrialState``) runs with: a new trial's
+    ``cfg``, recorded now; an unfinished or trained one's record with the resume's ``overrides`` on top
+    (recorded again with them). A trial that has no record (made before records existed) keeps ``cfg``
+    and records it, so its next resume has one.
+
+    Raises:
+        ResumeOverrideError: see ``resume_config``.
+    """
+    from storage.checkpoints import CheckpointStore
+
+    record = read_config_record(storage) if state != "new" else None
+    if record is None:
+        write_config_record(storage, cfg)
+        return ResumedConfig(cfg, resume_overrides(overrides) if state != "new" else [])
+    trained = CheckpointStore(storage).latest_version() or 0
+    resumed = resume_config(record, cfg, overrides, trained_version=trained)
+    record_resume(storage, record, resumed)
+    history = [o for r in record.get("resumes", []) for o in r.get("overrides", [])] + resumed.overrides
+    say = warn or log.warning
+    if resumed.ignored:
+        kept = ", ".join(f"{k}={rec!r} (config now: {now!r})" for k, (rec, now) in resumed.ignored.items())
+        say(
+            f"resuming {cfg.trial} with its recorded config, not the config file's: {kept}; to change a key, "
+            "pass it as an override on resume"
+        )
+    if resumed.overrides:
+        say(f"resume overrides of {cfg.trial}: {' '.join(resumed.overrides)} (recorded with the trial)")
+    return ResumedConfig(resumed.cfg, resumed.overrides, resumed.ignored, history)
+
+
+def resume_tags(resumed: ResumedConfig) -> dict[str, str]:
+    """MLflow run tags: every override given on a resume of this trial, oldest first (MLflow params are
+    immutable, so a changed ``train.steps`` shows here, not in the params)."""
+    return {"rollflow.resume.overrides": " ".join(resumed.history)} if resumed.history else {}
+
+
+def pinned_overrides(resumed: ResumedConfig) -> list[str]:
+    """Dotted overrides that make a config resolved from the YAML equal the recorded one (for processes
+    that resolve it again, e.g. distributed mode's children): the recorded value of every ignored key."""
+    return [f"{k}={json.dumps(recorded)}" for k, (recorded, _) in resumed.ignored.items()]
+
+
+def write_eval_record(storage: Storage, doc: dict[str, Any]) -> bool:
+    """Store an evaluation record under ``eval/v{doc['version']}.json``; False when it is a v0 record and
+    one is there already (kept: the 'before' score is never overwritten)."""
+    version = int(doc["version"])
+    try:
+        storage.put_json(keys.eval_key(version), doc, exclusive=version == 0)
+    except CommitConflictError:
+        return False
+    return True
+
+
+def eval_record(storage: Storage, version: int) -> dict[str, Any] | None:
+    """The evaluation record of ``version``, or None."""
+    try:
+        doc = storage.get_json(keys.eval_key(version))
+    except (FileNotFoundError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def read_base_split(storage: Storage) -> BaseSplit | None:
+    """The trial's base split, or None before its 'before' evaluation."""
+    try:
+        return BaseSplit.from_json(storage.get_json(BASE_SPLIT_KEY))
+    except (FileNotFoundError, KeyError, TypeError, ValueError):
+        return None
+
+
+def write_base_split(storage: Storage, split: BaseSplit) -> BaseSplit:
+    """Store ``split`` unless one is stored already; returns the one the trial keeps."""
+    try:
+        storage.put_json(BASE_SPLIT_KEY, split.to_json(), exclusive=True)
+    except CommitConflictError:
+        kept = read_base_split(storage)
+        return kept if kept is not None else split
+    return split
