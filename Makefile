@@ -21,10 +21,16 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: install demo test test-fast lint format docs bench bench-peer clean
 
+# Where torch comes from. Empty: the default index (here it serves the CPU wheel). On a machine whose
+# default index serves the CUDA build (a stock Linux box: gigabytes), ask for the CPU wheel:
+#   make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+TORCH_PIP_INDEX := $(if $(strip $(TORCH_INDEX)),--index-url $(strip $(TORCH_INDEX)))
+
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first: the CPU wheel 2.13.0; anything else would pull gigabytes of CUDA.
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH_PIP_INDEX) torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
@@ -73,7 +79,7 @@ TRL_STAMP := $(TRL_VENV)/.installed-$(shell cat bench/requirements-trl.txt | sha
 $(TRL_STAMP):
 	@test -x $(TRL_PY) || $(PYTHON) -m venv $(TRL_VENV)
 	# torch first and alone: the CPU wheel 2.13.0; then the rest with torch held at 2.13.0.
-	$(TRL_PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(TRL_PY) -m pip install -q --disable-pip-version-check $(TORCH_PIP_INDEX) torch==2.13.0
 	$(TRL_PY) -m pip install -q --disable-pip-version-check -r bench/requirements-trl.txt -c <(echo torch==2.13.0)
 	@rm -f $(TRL_VENV)/.installed-*
 	@touch $(TRL_STAMP)
@@ -93,7 +99,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat infra/requirements-vllm.txt | 
 $(VLLM_STAMP):
 	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	# torch first and alone: the CPU wheel 2.13.0; then vLLM with torch held at 2.13.0.
-	$(VLLM_PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(VLLM_PY) -m pip install -q --disable-pip-version-check $(TORCH_PIP_INDEX) torch==2.13.0
 	$(VLLM_PY) -m pip install -q --disable-pip-version-check -r infra/requirements-vllm.txt -c <(echo torch==2.13.0)
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@rm -f $(VLLM_VENV)/.installed-*

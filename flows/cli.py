@@ -78,21 +78,22 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from flows.gpu_plan import gpu_plan
+    from flows.gpu_plan import MissingImageError, gpu_plan
 
     image = args.image if args.image is not None else os.environ.get("ROLLFLOW_IMAGE", "")
-    if not image.strip():
-        raise CommandError(
-            "no container image: the GPU pools run the image built from infra/docker/Dockerfile.gpu; "
-            f"name it: `rollflow plan --config {args.config} --image <registry>/rollflow:gpu` "
-            "(or export ROLLFLOW_IMAGE=<registry>/rollflow:gpu)"
-        )
     rates = None
     if (args.train_seqs_per_s is None) != (args.gen_seqs_per_s is None):
         raise CommandError("give both --train-seqs-per-s and --gen-seqs-per-s, or neither")
     if args.train_seqs_per_s is not None:
         rates = (args.train_seqs_per_s, args.gen_seqs_per_s)
-    plan = gpu_plan(args.config, args.overrides, image=image, rates=rates)
+    try:  # a one-machine (embedded) config needs no image; the GPU pools do
+        plan = gpu_plan(args.config, args.overrides, image=image, rates=rates)
+    except MissingImageError:
+        raise CommandError(
+            "no container image: the GPU pools run the image built from infra/docker/Dockerfile.gpu; "
+            f"name it: `rollflow plan --config {args.config} --image <registry>/rollflow:gpu` "
+            "(or export ROLLFLOW_IMAGE=<registry>/rollflow:gpu)"
+        ) from None
     print(plan.pop("summary"), end="\n\n")
     print(plan.pop("config"))
     print(json.dumps(plan, indent=1))

@@ -2,8 +2,9 @@
 
 The story, as in embedded mode but with the loops on other machines:
 
-1. bootstrap the policy and start this flow's own inference servers (for evaluation only), with a
-   checkpoint watcher that keeps them on the newest published version; score the base policy;
+1. bootstrap the policy and start one inference server of this flow's own (for evaluation only: one
+   server of ``tp_size`` GPUs, whatever ``inference.n_servers`` the rollout workers run; ``eval_config``),
+   with a checkpoint watcher that keeps it on the newest published version; score the base policy;
 2. trigger one ``train`` and ``orchestration.n_rollout_workers`` ``rollout`` deployment runs
    (``tasks/distributed.py``), all on one storage root and one MLflow run: the trainer logs into it,
    rollout worker ``i`` into a nested run ``rollout-{i}``;
@@ -21,6 +22,7 @@ Run it: ``prefect deployment run 'async-rl/gpu'`` (see prefect.yaml), or
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +36,14 @@ from tasks.servers import start_servers, stop_servers
 
 if TYPE_CHECKING:
     from rollflow.tracking.mlflow_tracker import MlflowTracker
+
+
+def eval_config(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The config of the parent's evaluation servers: one server (``inference.n_servers`` sizes each
+    rollout worker's fleet, not the evaluator's). An ``external`` backend keeps its addresses."""
+    if cfg.inference.backend == "external" or cfg.inference.n_servers == 1:
+        return cfg
+    return dataclasses.replace(cfg, inference=dataclasses.replace(cfg.inference, n_servers=1))
 
 
 def run_distributed(
@@ -50,7 +60,7 @@ def run_distributed(
     storage = open_trial_storage(cfg)
     store = CheckpointStore(storage)
     model_path = bootstrap_model(cfg)  # before the children start: they find it built
-    servers = start_servers(cfg, model_path)
+    servers = start_servers(eval_config(cfg), model_path)
     watcher = CheckpointWatcher.from_config(
         cfg.inference,
         store,

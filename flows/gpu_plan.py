@@ -36,10 +36,40 @@ class MissingImageError(ConfigError):
 DEPLOYMENT_OVERRIDES: tuple[str, ...] = ("orchestration.mode=distributed",)
 
 
-def torchrun_command(cfg: ExperimentConfig, config: str | None, overrides: list[str]) -> list[str]:
+RDZV_ENV = (
+    "ROLLFLOW_RDZV_ENDPOINT"  # set per job by the Kubernetes pool (infra/work_pools/kubernetes-gpu.json)
+)
+
+
+def rdzv_endpoint(cfg: ExperimentConfig) -> str:
+    """Where the ``train.nnodes`` torchrun agents meet: ``$ROLLFLOW_RDZV_ENDPOINT``, else the config's."""
+    endpoint = os.environ.get(RDZV_ENV, "").strip() or cfg.train.rdzv_endpoint.strip()
+    if not endpoint:
+        raise ConfigError(
+            "train.rdzv_endpoint",
+            f"train.nnodes={cfg.train.nnodes} needs a rendezvous every node reaches: set it to host:port "
+            f"(node 0's address, e.g. trainer-0.rollflow-train:29400) or export {RDZV_ENV}",
+        )
+    return endpoint
+
+
+def torchrun_command(
+    cfg: ExperimentConfig, config: str | None, overrides: list[str], *, endpoint: str | None = None
+) -> list[str]:
+    """One node's torchrun agent; with ``train.nnodes > 1`` every node runs this same line and the
+    c10d rendezvous (``--rdzv_id`` = experiment/trial, so two trials never meet) numbers the nodes."""
+    train = cfg.train
+    nodes = (
+        [
+            f"--nnodes={train.nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint or rdzv_endpoint(cfg)}",
+            f"--rdzv_id={cfg.experiment}-{cfg.trial}",
+        ]
+        if train.nnodes > 1
+        else []
+    )  # fmt: skip
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc_per_node={cfg.train.nproc_per_node}",
+        sys.executable, "-m", "torch.distributed.run", *nodes,
+        f"--nproc_per_node={train.nproc_per_node}",
         "-m", "rollflow.training.run",
     ]  # fmt: skip
     if config:
@@ -91,6 +121,28 @@ def rollout_gpu_count(cfg: ExperimentConfig) -> int:
     return cfg.inference.n_servers * cfg.inference.sglang.tp_size
 
 
+def eval_gpu_count(cfg: ExperimentConfig) -> int:
+    """GPUs of the distributed parent (``async-rl/gpu``): one evaluation server of ``tp_size`` GPUs
+    (``flows.distributed.eval_config``), whatever ``inference.n_servers`` the rollout workers use."""
+    return cfg.inference.sglang.tp_size
+
+
+def total_gpus(cfg: ExperimentConfig) -> dict[str, int]:
+    """GPUs by role for the config's mode; ``total`` is what the docs and ``rollflow plan`` count.
+
+    distributed: ``n_rollout_workers x n_servers x tp_size`` (rollout) + ``nnodes x nproc_per_node``
+    (train) + ``tp_size`` (the parent's one evaluation server). embedded: the servers and the trainer
+    (one GPU, in the flow process) on one machine; evaluation shares the servers.
+    """
+    rollout, train = rollout_gpu_count(cfg), cfg.train.nnodes * cfg.train.nproc_per_node
+    if cfg.orchestration.mode == "distributed":
+        parts = {"rollout": cfg.orchestration.n_rollout_workers * rollout, "train": train}
+        parts["eval"] = eval_gpu_count(cfg)
+    else:  # the trainer runs in the flow process: one GPU (tasks/train.py)
+        parts = {"rollout": rollout, "train": 1, "eval": 0}
+    return {**parts, "total": sum(parts.values())}
+
+
 def require_image(image: str | None) -> str:
     if not image or not image.strip():
         raise MissingImageError(
@@ -107,6 +159,7 @@ def pool_job_variables(cfg: ExperimentConfig, image: str | None) -> dict[str, di
     return {
         "rollout": {"image": image, "gpu_count": rollout_gpu_count(cfg), "env": {"ROLLFLOW_ROLE": "rollout"}},
         "train": {"image": image, "gpu_count": cfg.train.nproc_per_node, "env": {"ROLLFLOW_ROLE": "train"}},
+        "parent": {"image": image, "gpu_count": eval_gpu_count(cfg), "env": {"ROLLFLOW_ROLE": "parent"}},
     }
 
 
@@ -123,22 +176,48 @@ def gpu_plan(
     ``rates`` = (sequences/s the trainer consumes, sequences/s one inference server produces), measured:
     the plan then recommends the inference GPUs for the trainer's (``split``; docs/scale.md).
     """
-    overrides = [*DEPLOYMENT_OVERRIDES, *(overrides or [])]
+    own_mode = _sets_mode(config)
+    overrides = [*([] if own_mode else DEPLOYMENT_OVERRIDES), *(overrides or [])]
     cfg = load_config(config, overrides)
     if cfg.inference.backend != "sglang":
         raise ConfigError(
             "inference.backend", f"is {cfg.inference.backend!r}; the GPU path serves with sglang"
         )
-    job_variables = pool_job_variables(cfg, image if image is not None else os.environ.get("ROLLFLOW_IMAGE"))
+    image = image if image is not None else os.environ.get("ROLLFLOW_IMAGE")
+    embedded = cfg.orchestration.mode == "embedded"
+    job_variables = {} if embedded and not (image or "").strip() else pool_job_variables(cfg, image)
+    shown_image = (
+        job_variables["train"]["image"] if job_variables else "none needed (one machine, this checkout)"
+    )
+    endpoint = None if cfg.train.nnodes == 1 or _has_endpoint(cfg) else f"${RDZV_ENV}"
     return {
-        "summary": plan_summary(cfg, config, job_variables["train"]["image"], split=split_advice(cfg, rates)),
+        "summary": plan_summary(cfg, config, shown_image, split=split_advice(cfg, rates)),
         "config": to_yaml(cfg),
         "sglang_commands": sglang_commands(cfg),
         "engine_commands": engine_commands(cfg),
-        "torchrun_command": torchrun_command(cfg, config, overrides),
+        "torchrun_command": torchrun_command(cfg, config, overrides, endpoint=endpoint),
         "job_variables": job_variables,
-        "gpus": {"rollout": rollout_gpu_count(cfg), "train": cfg.train.nproc_per_node},
+        "gpus": total_gpus(cfg),
     }
+
+
+def _sets_mode(config: str | None) -> bool:
+    """Whether the YAML file names ``orchestration.mode`` itself (then the plan keeps it)."""
+    if not config:
+        return False
+    import yaml
+
+    with open(config, encoding="utf-8") as f:
+        raw = yaml.safe_load(f) or {}
+    return isinstance(raw.get("orchestration"), dict) and "mode" in raw["orchestration"]
+
+
+def _has_endpoint(cfg: ExperimentConfig) -> bool:
+    try:
+        rdzv_endpoint(cfg)
+    except ConfigError:
+        return False
+    return True
 
 
 def split_advice(cfg: ExperimentConfig, rates: tuple[float, float] | None) -> str:
@@ -161,31 +240,50 @@ def split_advice(cfg: ExperimentConfig, rates: tuple[float, float] | None) -> st
     return f"{split.arithmetic}; {split.servers} server(s) in all ({verdict})"
 
 
+def train_line(cfg: ExperimentConfig) -> str:
+    """The trainer's share of the plan: nodes x ranks, the rendezvous when there are several nodes."""
+    train = cfg.train
+    line = f"torchrun --nproc_per_node={train.nproc_per_node} ({train.distributed})"
+    if train.nnodes > 1:
+        where = (
+            rdzv_endpoint(cfg) if _has_endpoint(cfg) else f"${RDZV_ENV} (the Kubernetes pool sets it per job)"
+        )
+        line = f"{train.nnodes} nodes x {line}, c10d rendezvous at {where}"
+    return f"{line} = {train.nnodes * train.nproc_per_node} GPU(s), {train.steps} steps"
+
+
 def plan_summary(cfg: ExperimentConfig, config: str | None, image: str, *, split: str = "") -> str:
     """A dozen lines on what runs where, on how many GPUs; the plan's details follow it."""
     from rollflow.configuration.redact import redact_url
 
-    inf, orch, train = cfg.inference, cfg.orchestration, cfg.train
+    inf, orch = cfg.inference, cfg.orchestration
     per_rollout = rollout_gpu_count(cfg)
     servers = f"{inf.n_servers} SGLang server(s) x tp_size {inf.sglang.tp_size} = {per_rollout} GPU(s)"
     lines = [f"GPU plan for {config or 'the defaults'} (experiment {cfg.experiment}, model {cfg.model.path})"]
+    gpus = total_gpus(cfg)
     if orch.mode == "distributed":
-        total = orch.n_rollout_workers * per_rollout + train.nproc_per_node + per_rollout
         lines += [
             f"  orchestration: distributed: async-rl/gpu triggers {orch.train_deployment} and "
             f"{orch.n_rollout_workers} x {orch.rollout_deployment}, then waits for them",
             f"  rollout: {servers} per {orch.rollout_deployment} run",
-            f"  train:   torchrun --nproc_per_node={train.nproc_per_node} ({train.distributed}) = "
-            f"{train.nproc_per_node} GPU(s), {train.steps} steps",
-            f"  eval:    async-rl/gpu serves the policy itself for its evaluations: {servers} on the machine "
-            "of the worker that runs it",
-            f"  GPUs:    {total} in all ({orch.n_rollout_workers} x {per_rollout} rollout + "
-            f"{train.nproc_per_node} train + {per_rollout} eval)",
+            f"  train:   {train_line(cfg)}",
+            f"  eval:    async-rl/gpu serves the policy for its evaluations on one server of "
+            f"{inf.sglang.tp_size} GPU(s), kept on the newest version",
+            f"  GPUs:    {gpus['total']} in all ({orch.n_rollout_workers} x {per_rollout} rollout + "
+            f"{gpus['train']} train + {gpus['eval']} eval)",
         ]
     else:
+        first = inf.sglang.base_gpu_id
         lines += [
             "  orchestration: embedded: servers, rollout and training in one flow run, on one machine",
-            f"  GPUs:    {per_rollout + train.nproc_per_node} ({servers} + {train.nproc_per_node} train)",
+            f"  rollout: {servers}, on GPUs {first}..{first + per_rollout - 1} (inference.sglang.base_gpu_id)",
+            "  train:   in the flow process on GPU 0 (cuda:0), one rank; evaluation uses the servers",
+            f"  GPUs:    {gpus['total']} ({per_rollout} inference + {gpus['train']} train)",
+            *(
+                ["  WARNING: server 0 shares GPU 0 with the trainer: set inference.sglang.base_gpu_id: 1"]
+                if first == 0
+                else []
+            ),
         ]
     lines += [
         f"  image:   {image}",
@@ -198,12 +296,26 @@ def plan_summary(cfg: ExperimentConfig, config: str | None, image: str, *, split
     return "\n".join(lines)
 
 
-def deployment_variables(config: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    """``prefect deploy`` build step: flat values for prefect-gpu.yaml to template in."""
-    cfg = load_config(config, list(overrides or []))
+DEFAULT_CONFIG_ENV = "ROLLFLOW_CONFIG"  # prefect-gpu.yaml's config, resolved at deploy time
+DEFAULT_GPU_CONFIG = "configs/gsm8k_qwen.yaml"
+
+
+def deployment_variables(config: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """``prefect deploy`` build step: flat values for prefect-gpu.yaml to template in.
+
+    ``config``: the YAML every GPU deployment gets as its default ``config`` parameter and whose GPU
+    counts size the pools; ``$ROLLFLOW_CONFIG`` when set (so one deploy command serves any config),
+    else this argument, else configs/gsm8k_qwen.yaml. A run may still pass another ``config`` (or
+    ``settings``); the pools' ``gpu_count`` is what was resolved here, so redeploy when it changes.
+    """
+    config = os.environ.get(DEFAULT_CONFIG_ENV, "").strip() or config or DEFAULT_GPU_CONFIG
+    cfg = load_config(config, [*DEPLOYMENT_OVERRIDES, *(overrides or [])])
     jv = pool_job_variables(cfg, os.environ.get("ROLLFLOW_IMAGE"))
     return {
+        "config": config,
         "image": jv["rollout"]["image"],
         "rollout_gpu_count": jv["rollout"]["gpu_count"],
         "train_gpu_count": jv["train"]["gpu_count"],
+        "train_nnodes": cfg.train.nnodes,
+        "eval_gpu_count": jv["parent"]["gpu_count"],
     }

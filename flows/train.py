@@ -64,7 +64,7 @@ def train(
         configure_process_env(cfg)
         name_flow_run(f"train-{cfg.trial}")
         bootstrap_model(cfg)
-        if cfg.train.distributed != "none" and cfg.train.nproc_per_node > 1:
+        if cfg.train.distributed != "none" and (cfg.train.nproc_per_node > 1 or cfg.train.nnodes > 1):
             return train_torchrun(cfg, config, overrides)
         tracker = child_tracker(cfg, mlflow_parent_run_id, "train")
         return train_loop(cfg, metrics=tracker.sink if tracker else None)

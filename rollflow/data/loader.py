@@ -13,6 +13,8 @@ from one of three sources (``cfg.kind``):
   ``{split}`` in it (``"data/{split}.parquet"``), or one file/glob, which then serves the train split
   only (asking it for another split is an error rather than a silent train/eval leak).
 * ``hub`` - a dataset name on the Hugging Face hub (``cfg.hub_config`` picks its config), online only.
+* ``reasoning_gym`` - a reasoning-gym generator (``rollflow.data.reasoning_gym``); ``cfg.eval_split``
+  gives its held-out rows, any other split its training rows.
 
 The mapping is ``cfg``'s: the prompt is ``cfg.messages_field`` (a list of ``{role, content}``) if set,
 else ``cfg.prompt_field`` (a string, sent as one user message); ``cfg.system_prompt`` is prepended
@@ -123,7 +125,7 @@ def _load_raw(cfg: DatasetConfig, split: str, storage_options: dict[str, Any] | 
     import datasets
 
     if cfg.kind == "hub":
-        return datasets.load_dataset(cfg.path, cfg.hub_config, split=split)
+        return _load_hub(cfg, split)
     data_files = data_files_for(cfg, split)
     fmt = file_format(cfg, data_files)
     kwargs: dict[str, Any] = {}
@@ -148,6 +150,40 @@ def _load_raw(cfg: DatasetConfig, split: str, storage_options: dict[str, Any] | 
             "a file with data"
         )
     return dataset
+
+
+def _load_hub(cfg: DatasetConfig, split: str) -> Any:
+    """A hub dataset's split. A dataset with several configs and no ``hub_config`` is a ConfigError that
+    lists them (``datasets`` says "Config name is missing"), as is a config name the dataset lacks."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(cfg.path, cfg.hub_config, split=split)
+    except ValueError as exc:
+        text = str(exc)
+        if "Config name is missing" not in text and "BuilderConfig" not in text:
+            raise
+        names = _hub_config_names(cfg.path, text)
+        listed = ", ".join(names) if names else "listed on the dataset's page"
+        problem = "is not set" if cfg.hub_config is None else f"is {cfg.hub_config!r}, which it does not have"
+        raise ConfigError(
+            "dataset.hub_config",
+            f"{problem}, and dataset {cfg.path!r} has several configs: {listed}; set hub_config to one "
+            f"of them (e.g. `hub_config: {names[0] if names else 'main'}` under dataset:)",
+        ) from exc
+
+
+def _hub_config_names(path: str, message: str) -> list[str]:
+    """The config names ``datasets`` printed in its error (``[...]`` after "available"), else asked anew."""
+    match = re.search(r"[Aa]vailable(?: configs)?:\s*\[([^\]]*)\]", message)
+    if match:
+        return [n.strip().strip("'\"") for n in match.group(1).split(",") if n.strip()]
+    import datasets
+
+    try:
+        return list(datasets.get_dataset_config_names(path))
+    except Exception:  # noqa: BLE001 - the names only decorate the error
+        return []
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
@@ -374,6 +410,11 @@ def load_prompts(
         DatasetFileError: a file that is not UTF-8, is empty or cannot be parsed (names the file).
         ConfigError: ``cfg.path``/``cfg.format`` cannot name the split's files.
     """
+    if cfg.kind == "reasoning_gym":
+        from rollflow.data.reasoning_gym import reasoning_gym_rows  # the package is imported only here
+
+        rows = reasoning_gym_rows(cfg.reasoning_gym, "test" if split == cfg.eval_split else "train")
+        return rows[: cfg.max_rows] if cfg.max_rows is not None else rows
     if cfg.kind == "synthetic":
         synthetic_split = "train" if _synthetic_split(cfg, split) == "train" else "test"
         records: Any = synthetic_rows(cfg.synthetic, synthetic_split)  # type: ignore[arg-type]

@@ -74,7 +74,7 @@ def test_plan_and_bad_version_filter(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["plan", "--config", str(ROOT / "configs" / "gsm8k_qwen.yaml"), "--image", "reg/r:gpu"]) == 0
     out = capsys.readouterr().out
     plan = json.loads(out[out.index("{\n") :])
-    assert plan["gpus"] == {"rollout": 4, "train": 8}
+    assert plan["gpus"] == {"rollout": 4, "train": 8, "eval": 1, "total": 13}
     with pytest.raises(SystemExit):
         main(
             [
@@ -138,7 +138,7 @@ def test_plan_prints_a_summary_first_and_resolves_as_the_gpu_deployment(
     summary = out[: out.index("\n\n")].splitlines()
     assert summary[0].startswith("GPU plan for configs/gsm8k_qwen.yaml") and len(summary) <= 12
     assert any("distributed" in ln and "train/gpu" in ln for ln in summary)
-    assert "  GPUs:    16 in all (1 x 4 rollout + 8 train + 4 eval)" in summary
+    assert "  GPUs:    13 in all (1 x 4 rollout + 8 train + 1 eval)" in summary  # one eval server, not 4
     assert "  mode: distributed\n" in out and "mode: embedded" not in out  # async-rl/gpu's override
     assert any(ln.startswith("  split:   give --train-seqs-per-s") for ln in summary)
 

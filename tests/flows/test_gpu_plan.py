@@ -37,10 +37,14 @@ def test_missing_image_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(MissingImageError, match="ROLLFLOW_IMAGE"):
         deployment_variables(GPU)
     monkeypatch.setenv("ROLLFLOW_IMAGE", "reg/rollflow:gpu")
+    monkeypatch.delenv("ROLLFLOW_CONFIG", raising=False)
     assert deployment_variables(GPU) == {
+        "config": GPU,
         "image": "reg/rollflow:gpu",
         "rollout_gpu_count": 4,
         "train_gpu_count": 8,
+        "train_nnodes": 1,
+        "eval_gpu_count": 1,
     }
 
 

@@ -173,6 +173,21 @@ class TrainConfig:
         metadata=help_("Multi-process training under torchrun: FSDP2 fully_shard (GPU) or DDP (CPU/gloo)."),
     )
     nproc_per_node: int = field(default=1, metadata=help_("torchrun ranks when distributed != none."))
+    nnodes: int = field(
+        default=1,
+        metadata=help_(
+            "Trainer nodes (torchrun --nnodes): nnodes x nproc_per_node ranks in all, one torchrun agent per "
+            "node meeting at rdzv_endpoint (c10d rendezvous). > 1 needs distributed fsdp2 or ddp (docs/gpu.md)."
+        ),
+    )
+    rdzv_endpoint: str = field(
+        default="",
+        metadata=help_(
+            "host:port of the c10d rendezvous when nnodes > 1: an address every node reaches (node 0's, "
+            "whose agent hosts the store). On Kubernetes the work pool sets it for each job "
+            "($ROLLFLOW_RDZV_ENDPOINT, which takes precedence)."
+        ),
+    )
     threads: int = field(default=1, metadata=help_("torch threads of the trainer on CPU."))
     lora: LoraConfig = field(
         default_factory=LoraConfig, metadata=help_("LoRA adapters instead of full fine-tuning (off).")
@@ -205,5 +220,10 @@ class TrainConfig:
         check(self.resume_every >= 1, "train.resume_every", "must be >= 1")
         check(len(self.adam_betas) == 2, "train.adam_betas", "must be two numbers [beta1, beta2]")
         check(self.nproc_per_node >= 1, "train.nproc_per_node", "must be >= 1")
+        check(self.nnodes >= 1, "train.nnodes", "must be >= 1")
+        if self.nnodes > 1:
+            check(
+                self.distributed != "none", "train.nnodes", "> 1 needs train.distributed fsdp2 (GPU) or ddp"
+            )
         if self.reward_clip is not None:
             check(self.reward_clip > 0, "train.reward_clip", "must be > 0 or null")
