@@ -5,6 +5,10 @@ exclusive put under a key unique to (writer, seq). Readers trust only records, s
 does not exist, and a record names exactly one immutable shard with its size and sha256. The shard's key
 is derived from (writer, seq) too, so no two records can name one shard.
 
+A record may also name the rollout loop's prompt positions of its groups (`positions`, in file order):
+what a resumed worker reads to know which of its open prompts were committed before a kill, so none is
+generated twice. Records without it (older writers, writers outside the loop) omit the field.
+
 This module is the record's format and validation only; it does no I/O (see `shard_writer`,
 `shard_reader`).
 """
@@ -44,13 +48,19 @@ class CommitRecord:
     writer: str
     seq: int
     created_at: float  # unix seconds, writer's clock
+    positions: tuple[int, ...] | None = None  # prompt positions of the groups, in file order, if known
 
     @property
     def partition(self) -> int:
         return partition_version(self.min_head_version)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        if self.positions is None:
+            del doc["positions"]  # the bytes of a record without positions are those of older writers
+        else:
+            doc["positions"] = list(self.positions)
+        return doc
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_json(), sort_keys=True, indent=1).encode()
@@ -81,7 +91,13 @@ class CommitRecord:
             v = obj[name]
             if isinstance(v, bool) or not isinstance(v, ok):
                 raise CorruptShardError(f"commit record field {name!r} has type {type(v).__name__}")
-        rec = cls(**{k: obj[k] for k in types})
+        positions = obj.get("positions")
+        if positions is not None and (
+            not isinstance(positions, list)
+            or any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in positions)
+        ):
+            raise CorruptShardError("commit record field 'positions' is not a list of ints >= 0")
+        rec = cls(**{k: obj[k] for k in types}, positions=None if positions is None else tuple(positions))
         rec.validate()
         return rec
 
@@ -112,3 +128,5 @@ class CommitRecord:
             raise bad(f"impossible counts: size={self.size} rows={self.rows} groups={self.groups}")
         if self.min_head_version > self.max_head_version:
             raise bad("min_head_version > max_head_version")
+        if self.positions is not None and len(self.positions) != self.groups:
+            raise bad(f"{len(self.positions)} positions for {self.groups} groups")

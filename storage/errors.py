@@ -57,3 +57,31 @@ class CheckpointIntegrityError(StorageError):
 
 class CheckpointNotFoundError(StorageError, LookupError):
     """No committed checkpoint (no COMMIT.json) exists for the requested version."""
+
+
+class ImpossibleVersionError(SchemaMismatchError):
+    """A trained token (loss_mask 1) carries a policy version that cannot exist: negative, or newer than
+    the newest policy published when its shard was written (`ShardWriter`'s `version_ceiling`).
+
+    `field` is `"versions"`. Raised on write (the group is evicted) and on read (the shard is quarantined).
+    """
+
+
+class MixedPromptGroupError(SchemaMismatchError, InvalidTrajectoryError):
+    """The rows of one group (one `group_id`) carry different `prompt_id`s, or two groups share one id.
+
+    GRPO normalises a group's rewards together, so its rows must be samples of one prompt. `field` is
+    `"prompt_id"` (or `"group_id"` for a repeated id). Raised on write and on read, never merged.
+    """
+
+
+class UnsafePathError(StorageError, ValueError):
+    """A key of a local trial root resolves, through a symlink, to a file outside the trial root.
+
+    Nothing is read through such a key: a shard or record behind it is quarantined by the reader, a
+    listing skips a linked directory. The fix is to remove the link (or copy the data into the root).
+    """
+
+
+class QueryError(StorageError, ValueError):
+    """SQL over a trial's trajectories that DuckDB refused (`storage.query`), with the views it can use."""

@@ -8,6 +8,9 @@ downstream (the float32 shard, the trainer's embedding lookup, the JSON parser) 
   `schema.validate_table`, hence on every write and every read.
 - `check_token_ids(table, vocab_size)`: token ids are < the policy's vocabulary (the reader knows it,
   the writer does not). A shard failing it is quarantined by the reader, not fed to the trainer.
+- `check_version_ceiling(table, ceiling)`: no trained token is newer than `ceiling`, the newest policy
+  version that existed when the shard was written (the writer knows it, see `ShardWriter`). Negative
+  versions on trained tokens are refused by the schema (`schema.validate_table`) on write and read.
 - `parse_commit_record(raw, key)`: any failure to parse a commit record (bad UTF-8, bad JSON, JSON
   nested deeper than the parser's recursion limit, wrong fields) becomes one CorruptShardError that
   names the record's key.
@@ -24,7 +27,12 @@ import numpy as np
 import pyarrow as pa
 
 from storage.commits import CommitRecord
-from storage.errors import CorruptShardError, NonFiniteValueError, SchemaMismatchError
+from storage.errors import (
+    CorruptShardError,
+    ImpossibleVersionError,
+    NonFiniteValueError,
+    SchemaMismatchError,
+)
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # 3.4028235e38
 
@@ -92,6 +100,24 @@ def check_token_ids(table: pa.Table, vocab_size: int) -> None:
             f"row {i} ({_traj_id(table, i)}): token id {value} is outside the policy's vocabulary "
             f"[0, {vocab_size}) ({n} id(s) affected); the shard was written for another tokenizer or "
             "is corrupt",
+        )
+
+
+def check_version_ceiling(table: pa.Table, ceiling: int) -> None:
+    """ImpossibleVersionError if a row's newest trained token (its `tail_version`, which the schema
+    checks is the max of `versions` over loss tokens) is newer than `ceiling`.
+
+    Example: ceiling 5 (LATEST names v5): a row with tail_version 6 or 2**31 - 1 is refused.
+    """
+    tail = table.column("tail_version").to_numpy()
+    bad = np.flatnonzero(tail > ceiling)
+    if bad.size:
+        i = int(bad[0])
+        raise ImpossibleVersionError(
+            "versions",
+            f"row {i} ({_traj_id(table, i)}): a trained token has version {int(tail[i])}, but the newest "
+            f"policy published when the shard was written is v{ceiling} ({bad.size} row(s) affected). "
+            "Record the version of the weights that generated each token (the server's served version)",
         )
 
 

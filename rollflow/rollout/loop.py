@@ -271,6 +271,8 @@ class RolloutWorker:
             flush_rows=cfg.rollout.flush_rows(cfg.train.batch_size),
             flush_seconds=cfg.rollout.shard_flush_seconds,
             on_evict=self.staleness.on_evicted,
+            # no trained token newer than the newest published policy (ShardWriter's version rule)
+            version_ceiling=CheckpointStore(self.storage).latest_version,
         )
         self.source = ClaimedPrompts(
             self.rows,
