@@ -13,6 +13,12 @@ Opening a root (URL parsing, options, S3 credentials) is `storage.backends`.
 
 What this is NOT: a cache, a retry layer (s3fs retries requests) or a place for the key layout.
 
+Symlinks (posix): `get_bytes` reads a key only if its real path (every symlink resolved) is inside the
+real trial root, else `UnsafePathError` names the key and the fix; a reader quarantines a shard or
+record behind such a link. A listing never leaves the root: `list_dirs` skips a linked directory that
+resolves outside it and `list` of such a prefix is empty, each logged once at ERROR. (`get_file`, the
+checkpoint path, is checked by the checkpoint store.)
+
 Credentials (options `key`, `secret`, `token` or the `AWS_*` variables, and any user:password in the
 endpoint URL) never appear in `repr`, `str`, log lines or exception messages raised from here (the
 scrubbing itself is `storage.scrub`). An exclusive put is a conflict by the S3 error code
@@ -37,7 +43,7 @@ from typing import Any
 import fsspec
 
 from storage.backends import CONFLICT_CODES, ensure_bucket, open_backend, s3_error_code
-from storage.errors import CommitConflictError, StorageError
+from storage.errors import CommitConflictError, StorageError, UnsafePathError
 from storage.scrub import scrubbing
 from storage.transfer import (
     CHUNK_SIZE,
@@ -81,6 +87,7 @@ class Storage:
         self.chunk_size = CHUNK_SIZE  # transfer chunk / multipart part size (S3 needs >= 5 MiB)
         self._endpoint = endpoint
         self._secrets = tuple(s for s in secrets if s and len(s) >= 3)
+        self._outside_logged: set[str] = set()  # linked paths outside the root, logged once each
 
     # --- construction -------------------------------------------------------------------------------------
 
@@ -130,6 +137,37 @@ class Storage:
     def local_path(self, key: str) -> Path | None:
         """The posix path of `key` on a local backend, None on S3."""
         return Path(self._path(key, allow_empty=True)) if self.is_local else None
+
+    def _outside_root(self, path: str) -> str | None:
+        """The real path of local `path` if it resolves outside the real trial root, else None."""
+        real, root = os.path.realpath(path), os.path.realpath(self.base)
+        return None if real == root or real.startswith(root + os.sep) else real
+
+    def _checked_read_path(self, key: str) -> str:
+        """The posix path of `key`, or UnsafePathError if a symlink takes it outside the trial root."""
+        path = self._path(key)
+        real = self._outside_root(path)
+        if real is not None:
+            raise UnsafePathError(
+                f"{key} resolves to {real}, outside the trial root {self.root_uri} (a symlink); it is not "
+                "read. Remove the link, or copy the file into the trial root"
+            )
+        return path
+
+    def _skip_outside(self, path: str) -> bool:
+        """True (logged once) if local `path` resolves outside the trial root: a listing skips it."""
+        real = self._outside_root(path)
+        if real is None:
+            return False
+        if path not in self._outside_logged:
+            self._outside_logged.add(path)
+            logger.error(
+                "not listing %s: it resolves to %s, outside the trial root %s (a symlink); remove the link",
+                self._rel(path),
+                real,
+                self.root_uri,
+            )
+        return True
 
     def _rel(self, full: str) -> str:
         return full[len(self.base) + 1 :] if full.startswith(self.base + "/") else full
@@ -216,12 +254,11 @@ class Storage:
 
     @scrubbing
     def get_bytes(self, key: str) -> bytes:
-        """The bytes at `key`; FileNotFoundError if absent."""
-        path = self._path(key)
+        """The bytes at `key`; FileNotFoundError if absent, UnsafePathError if a symlink leaves the root."""
         if self.is_local:
-            with open(path, "rb") as f:
+            with open(self._checked_read_path(key), "rb") as f:
                 return f.read()
-        return self.fs.cat_file(path)
+        return self.fs.cat_file(self._path(key))
 
     def put_json(self, key: str, obj: Any, *, exclusive: bool = False) -> None:
         """`put_bytes` of `json.dumps(obj, sort_keys=True)` (UTF-8)."""
@@ -271,6 +308,8 @@ class Storage:
         path = self._path(prefix, allow_empty=True)
         if self.is_local:
             out: list[str] = []
+            if self._skip_outside(path):
+                return out
             for dirpath, dirnames, filenames in os.walk(path):
                 dirnames[:] = [d for d in dirnames if not d.startswith(".")]
                 rel_dir = self._rel(dirpath) if dirpath != self.base else ""
@@ -291,10 +330,14 @@ class Storage:
         path = self._path(prefix, allow_empty=True)
         if self.is_local:
             try:
+                if self._skip_outside(path):
+                    return []
                 with os.scandir(path) as it:
-                    names = [e.name for e in it if e.is_dir() and not e.name.startswith(".")]
+                    entries = [e for e in it if e.is_dir() and not e.name.startswith(".")]
             except (FileNotFoundError, NotADirectoryError):
                 return []
+            # a real directory inside the (real) root is inside it; only a link may lead out
+            names = [e.name for e in entries if not (e.is_symlink() and self._skip_outside(e.path))]
             return sorted(self._rel(f"{path}/{n}") for n in names)
         try:
             entries = self.fs.ls(path, detail=True, refresh=True)

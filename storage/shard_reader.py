@@ -3,7 +3,8 @@
 The reader trusts only commit records (a shard without one does not exist). Before a shard's groups are
 used it checks, in order: size, sha256, Parquet decodability, schema + schema_version + per-row
 invariants + finite values (`validate_table`), token ids against `vocab_size` when given, and that the
-row/group counts match the record. Any failure to parse a record is quarantined too, naming its key. A shard failing any check
+row/group counts match the record. Any failure to parse a record is quarantined too, naming its key, and
+so is a record or shard that a symlink takes outside the trial root (`UnsafePathError`: never read). A shard failing any check
 is quarantined: its record is copied, with the reason, to `trajectories/quarantine/{commit_id}.json`, the
 error is logged at ERROR and counted, and the commit is marked consumed so it never blocks the reader.
 The shard itself is left in place for a human. Transient I/O errors (anything but a missing key) are
@@ -40,7 +41,7 @@ import pyarrow.parquet as pq
 
 from storage import credits, keys
 from storage.commits import CommitRecord
-from storage.errors import CorruptShardError, SchemaMismatchError
+from storage.errors import CorruptShardError, SchemaMismatchError, UnsafePathError
 from storage.fs import Storage
 from storage.partition_lister import PartitionLister
 from storage.schema import SCHEMA_VERSION, TrajectoryGroup, table_to_groups, validate_table
@@ -251,11 +252,10 @@ class ShardReader:
             if rec is None:
                 try:
                     raw = self.storage.get_bytes(key)
+                    rec = parse_commit_record(raw, key)
                 except FileNotFoundError:
                     continue  # deleted between list and get
-                try:
-                    rec = parse_commit_record(raw, key)
-                except CorruptShardError as e:
+                except (CorruptShardError, UnsafePathError) as e:  # unparseable, or a link out of the root
                     self._quarantine(cid, key, None, f"unreadable commit record: {e}", cursor, result)
                     self._bad_keys.add(key)
                     continue
@@ -369,6 +369,8 @@ class ShardReader:
             raise CorruptShardError(f"shard {rec.shard_key} named by the record is missing") from None
         except (IsADirectoryError, NotADirectoryError):
             raise CorruptShardError(f"shard {rec.shard_key} named by the record is not a file") from None
+        except UnsafePathError as e:
+            raise CorruptShardError(f"shard named by the record is not read: {e}") from None
         if len(data) != rec.size:
             raise CorruptShardError(f"shard size {len(data)} != {rec.size} in the record (truncated?)")
         digest = hashlib.sha256(data).hexdigest()
