@@ -5,7 +5,7 @@ What it is: a thin front over the same flows the CLI and the deployments run (``
 
     from flows import RLRun
 
-    run = RLRun(model="runs/models/tiny", dataset=rows, reward_fn=my_reward, config={"train.steps": 50})
+    run = RLRun(model="Qwen/Qwen2.5-0.5B-Instruct", dataset=rows, reward_fn=my_reward, config={"train.steps": 50})
     summary = run.train()        # the async-rl flow, in this process (a private Prefect API if none is set)
     run.evaluate()               # score the latest checkpoint on the held-out rows
     run.trajectories(limit=8)    # the newest trajectories, read from the Parquet shards
@@ -37,13 +37,14 @@ import dataclasses
 import hashlib
 import json
 import random
+import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import RollflowError
-from rollflow.configuration.loader import load_config, to_dict
+from rollflow.configuration.loader import load_config, read_yaml, to_dict
 from rollflow.configuration.trial_storage import open_trial_storage
 from rollflow.rewards.inprocess import is_in_process, register_reward
 from rollflow.rewards.protocol import reward_fn_name
@@ -58,6 +59,9 @@ Rows: TypeAlias = Iterable[Mapping[str, Any]]
 DatasetInput: TypeAlias = Rows | Mapping[str, Rows] | str | Path
 
 DATASETS_DIR = Path("runs/datasets")
+# What RLRun fetches of a hub model: config, tokenizer, chat template and safetensors weights (never a
+# pickled .bin: no pickle on the data path).
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 MAX_HELD_OUT = 200
 
 
@@ -175,6 +179,41 @@ def dataset_tree(
     }
 
 
+def model_settings(model: str | Path, *, bootstrap: bool) -> dict[str, Any]:
+    """The ``model`` settings for ``RLRun(model=...)``: a directory, or a hub id as ``transformers`` takes.
+
+    * an existing directory: used as it is (``bootstrap_tiny`` off, so nothing is built over it);
+    * a directory that does not exist yet, with ``model.bootstrap_tiny`` on in the config: the tiny
+      model is built there;
+    * ``org/name`` (one ``/``, no such directory): a Hugging Face hub id, downloaded (or found in the
+      hub cache) with ``huggingface_hub.snapshot_download``, weights as safetensors only; offline and
+      not cached, that call raises the library's own error (``LocalEntryNotFoundError``);
+    * anything else: ``SessionError`` saying what to pass.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return {"path": str(path.resolve()), "bootstrap_tiny": False}
+    if bootstrap:
+        return {"path": str(path.resolve())}
+    text = str(model)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")) and all(text.split("/")):
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(repo_id=text, allow_patterns=HUB_FILES)
+        return {"path": local, "bootstrap_tiny": False}
+    raise SessionError(
+        f"model {text!r} is neither a directory nor a hub id ('org/name'); pass a Hugging Face model "
+        "directory or hub id, or build the tiny model there with "
+        "config={'model.bootstrap_tiny': True}"
+    )
+
+
+def default_experiment(model_path: str | None) -> str:
+    """``rlrun-<name of the model directory>``: a run from Python gets an experiment of its own."""
+    name = Path(model_path or ExperimentConfig().model.path).name
+    return "rlrun-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "model")
+
+
 def reward_spec(reward_fn: Callable[..., float] | str) -> str:
     """The import string for ``reward_fn``: its own name when importable, else an in-process one."""
     if isinstance(reward_fn, str):
@@ -189,12 +228,16 @@ class RLRun:
     """One trial, driven from Python (module docstring).
 
     Args:
-        model: a Hugging Face model directory (sets ``model.path``; None keeps the config's).
+        model: a Hugging Face model directory or hub id ``org/name`` (``model_settings``; None keeps the
+            config's).
         dataset: rows, a ``datasets.Dataset``/``DatasetDict`` or a file path (None keeps the config's).
         reward_fn: a callable or ``"pkg.module:name"`` (None keeps the config's).
         config: a YAML path, an ``ExperimentConfig`` or a dict of settings.
         eval_dataset: held-out rows (default: a seeded tenth of ``dataset``, at most 200).
         trial: the trial name (default: a new one per ``train()``, as the CLI does).
+        experiment: the experiment (MLflow experiment, storage prefix, registered model
+            ``<experiment>-policy``); default: the config's, else ``rlrun-<model directory name>``, so a
+            run from Python never lands in the demo's experiment.
     """
 
     def __init__(
@@ -206,17 +249,23 @@ class RLRun:
         *,
         eval_dataset: DatasetInput | None = None,
         trial: str | None = None,
+        experiment: str | None = None,
     ) -> None:
         if isinstance(config, ExperimentConfig):
             tree = to_dict(config)
         elif isinstance(config, Mapping):
             tree = _dotted_to_tree(config)
         elif config is not None:
-            tree = to_dict(load_config(config))
+            tree = read_yaml(config)  # validated below, with everything on top (load_config)
         else:
             tree = {}
         if model is not None:
-            tree.setdefault("model", {}).update(path=str(Path(model).resolve()), bootstrap_tiny=False)
+            section = tree.setdefault("model", {})
+            section.update(model_settings(model, bootstrap=bool(section.get("bootstrap_tiny"))))
+        if experiment is not None:
+            tree["experiment"] = experiment
+        elif not isinstance(config, ExperimentConfig) and "experiment" not in tree:
+            tree["experiment"] = default_experiment(tree.get("model", {}).get("path"))
         seed = int(tree.get("seed", ExperimentConfig().seed))
         if dataset is not None:
             section = tree.setdefault("dataset", {})

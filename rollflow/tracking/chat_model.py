@@ -73,6 +73,7 @@ class PolicyCard:
     system_prompt: str | None = None  # the dataset's ``system_prompt``: training put it first
     lora_rank: int | None = None  # set for a LoRA adapter (``log_chat_model(..., base=...)``)
     merged_from: str | None = None  # ``<name> v<n>``: the registered adapter this model merges into its base
+    registered_name: str | None = None  # the registry name: what a served reply's "model" field says
 
 
 def model_files(src: Path) -> list[Path]:
@@ -203,8 +204,9 @@ def _log_transformers(
             shutil.copy2(f, clean / f.name)
         source = clean if base is None else base.local_dir
         model = AutoModelForCausalLM.from_pretrained(source, dtype="auto", trust_remote_code=False)
-        # the name MLflow records as the source (and looks a license up under): the base model, not a temp dir
-        model.name_or_path = card.base_model
+        # the name MLflow records as the source and a served reply's "model" field: the registered name
+        # (else the base model), not a temp dir; the card carries the license, so no lookup goes out
+        model.name_or_path = card.registered_name or card.base_model
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
         extra: dict[str, Any] = {}
         if base is not None:  # MLflow keeps the adapter only and records base.local_dir

@@ -143,7 +143,9 @@ def test_pyfunc_predict_on_chat_messages_answers_as_in_training(registered: Regi
     learned = 0
     for p in _problems():
         messages = [{"role": "user", "content": p.text}]
-        served = _content(model.predict({"messages": messages}))
+        reply = model.predict({"messages": messages})
+        assert reply[0]["model"] == MODEL_NAME_OF_TRIAL  # its registered name, not the base model's path
+        served = _content(reply)
         assert served == _training_time_answer(registered.model_dir, messages, max_new_tokens=8), p.text
         if p.round_operand:  # learned right in its training: the served answer is the sum
             assert served == p.answer, (p.text, served)
