@@ -214,6 +214,8 @@ def check_environment(cfg: ExperimentConfig, environ: Mapping[str, str] | None =
     """Checks that need this machine, run when a config is resolved (``load_config``), so a run fails
     at once instead of minutes in:
 
+    * ``dataset.kind=reasoning_gym``: the generator and its parameters exist, and it can draw a row
+      (``rollflow.data.reasoning_gym.check_config``: some need data files a wheel may not ship);
     * an absolute ``model.path`` must exist (unless ``model.bootstrap_tiny`` builds it); a relative
       one may be a hub name and is left to the loader;
     * launched servers (``inference.backend`` local or sglang) bound to a non-loopback
@@ -224,6 +226,10 @@ def check_environment(cfg: ExperimentConfig, environ: Mapping[str, str] | None =
         ConfigError: naming the key and the fix.
     """
     env = os.environ if environ is None else environ
+    if cfg.dataset.kind == "reasoning_gym":  # the generator, its parameters and its data files exist
+        from rollflow.data.reasoning_gym import check_config
+
+        check_config(cfg.dataset.reasoning_gym)
     model = cfg.model.path
     if os.path.isabs(model) and not cfg.model.bootstrap_tiny and not os.path.isdir(model):
         raise ConfigError(

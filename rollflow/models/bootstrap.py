@@ -65,7 +65,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rollflow.api.config import ExperimentConfig, SyntheticTaskName, TinyModelConfig
-from rollflow.data.synthetic import task_module
+from rollflow.data.synthetic import reasoning_gym_key, task_module
 from rollflow.data.tasks import SyntheticProblem
 from rollflow.models.tokenizer import CHARACTERS, build_tokenizer
 from rollflow.models.warm_start_probe import ProbeResult, probe, probe_examples
@@ -468,6 +468,7 @@ if __name__ == "__main__":
 def bootstrap_for(cfg: ExperimentConfig) -> Path:
     """The tiny model of an experiment: its tiny-model settings and seed, warm-started for the task its
     dataset trains on (``dataset.synthetic.task``), at ``model.path``."""
-    return bootstrap_tiny_model(
-        cfg.model.tiny, cfg.model.path, seed=cfg.seed, task=cfg.dataset.synthetic.task
-    )
+    task: Any = cfg.dataset.synthetic.task
+    if cfg.dataset.kind == "reasoning_gym":  # warm-start on the generator's easier setting
+        task = reasoning_gym_key(cfg.dataset.reasoning_gym)
+    return bootstrap_tiny_model(cfg.model.tiny, cfg.model.path, seed=cfg.seed, task=task)

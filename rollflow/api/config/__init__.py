@@ -12,7 +12,12 @@ Loading, overrides and validation against the environment live in ``rollflow.con
 What it is not: it does not read files, talk to storage or know about Prefect.
 """
 
-from rollflow.api.config.dataset import DatasetConfig, SyntheticTaskConfig, SyntheticTaskName
+from rollflow.api.config.dataset import (
+    DatasetConfig,
+    ReasoningGymConfig,
+    SyntheticTaskConfig,
+    SyntheticTaskName,
+)
 from rollflow.api.config.experiment import ExperimentConfig
 from rollflow.api.config.inference import (
     INFERENCE_API_KEY_ENV,
@@ -42,6 +47,7 @@ __all__ = [
     "RolloutConfig",
     "SGLangConfig",
     "StorageConfig",
+    "ReasoningGymConfig",
     "SyntheticTaskConfig",
     "SyntheticTaskName",
     "TinyModelConfig",

@@ -6,10 +6,12 @@ What it is not: the loader (``rollflow/data/``); only the fields and their singl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from rollflow.api.config.fields import check, help_
 
+SYNTHETIC_REWARD = "rollflow.rewards.synthetic:synthetic_reward_fn"
+REASONING_GYM_REWARD = "rollflow.rewards.reasoning_gym:reasoning_gym_reward"
 SyntheticTaskName = Literal["add_habit", "add_gap", "shift_gap", "tool_lookup"]
 
 
@@ -39,12 +41,50 @@ class SyntheticTaskConfig:
 
 
 @dataclass
+class ReasoningGymConfig:
+    task: str = field(
+        default="",
+        metadata=help_(
+            "A reasoning-gym generator name, e.g. 'basic_arithmetic', 'chain_sum', 'gcd' (the package's "
+            "reasoning_gym.factory.DATASETS lists 100+). An unknown name is an error listing them."
+        ),
+    )
+    params: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=help_(
+            "The generator's parameters for the RL prompts and the held-out set (the target setting), "
+            "e.g. {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}. An unknown parameter is "
+            "an error listing the generator's own."
+        ),
+    )
+    warm_start_params: dict[str, Any] | None = field(
+        default=None,
+        metadata=help_(
+            "An easier setting of the same generator for the tiny model's warm start "
+            "(model.bootstrap_tiny); None = the target setting. The held-out set is always drawn from "
+            "params."
+        ),
+    )
+    size: int = field(default=2000, metadata=help_("Training prompts drawn from the generator."))
+    eval_size: int = field(
+        default=200,
+        metadata=help_("Held-out prompts; a held-out question never appears among the training prompts."),
+    )
+    seed: int = field(default=1234, metadata=help_("Seed of the generator (the same seed, the same rows)."))
+
+    def __post_init__(self) -> None:
+        check(self.size > 0, "dataset.reasoning_gym.size", "must be > 0")
+        check(self.eval_size > 0, "dataset.reasoning_gym.eval_size", "must be > 0")
+
+
+@dataclass
 class DatasetConfig:
-    kind: Literal["synthetic", "files", "hub"] = field(
+    kind: Literal["synthetic", "files", "hub", "reasoning_gym"] = field(
         default="synthetic",
         metadata=help_(
             "synthetic: the built-in verifiable task; files: local or s3:// parquet/jsonl/csv; "
-            "hub: a Hugging Face dataset name (needs network)."
+            "hub: a Hugging Face dataset name (needs network); reasoning_gym: a procedural task of the "
+            "reasoning-gym package, scored by its own verifier (dataset.reasoning_gym)."
         ),
     )
     path: str = field(
@@ -87,15 +127,28 @@ class DatasetConfig:
         default=None, metadata=help_("Use at most this many rows per split (None = all).")
     )
     reward_fn: str = field(
-        default="rollflow.rewards.synthetic:synthetic_reward_fn",
-        metadata=help_("Import string 'pkg.module:function' of the verifiable reward."),
+        default=SYNTHETIC_REWARD,
+        metadata=help_(
+            "Import string 'pkg.module:function' of the verifiable reward. With dataset.kind=reasoning_gym "
+            f"the default becomes the generator's own verifier ({REASONING_GYM_REWARD})."
+        ),
     )
     synthetic: SyntheticTaskConfig = field(
         default_factory=SyntheticTaskConfig, metadata=help_("The built-in synthetic task.")
     )
+    reasoning_gym: ReasoningGymConfig = field(
+        default_factory=ReasoningGymConfig,
+        metadata=help_("dataset.kind=reasoning_gym: the generator, its settings, sizes and seed."),
+    )
 
     def __post_init__(self) -> None:
-        if self.kind != "synthetic":
+        if self.kind == "reasoning_gym":
+            check(
+                self.reasoning_gym.task != "", "dataset.reasoning_gym.task", "is required (a generator name)"
+            )
+            if self.reward_fn == SYNTHETIC_REWARD:  # the verifier of the generator, unless one is named
+                self.reward_fn = REASONING_GYM_REWARD
+        elif self.kind != "synthetic":
             check(self.path != "", "dataset.path", f"is required when dataset.kind={self.kind!r}")
         check(":" in self.reward_fn, "dataset.reward_fn", "must look like 'pkg.module:function'")
         if self.max_rows is not None:
