@@ -2,10 +2,23 @@
 
     rollflow run [--config C] [--trial T] [-v] [dotted.overrides ...]  a new trial (or the named one)
     rollflow resume TRIAL [--config C] [-v] [dotted.overrides ...]     continue TRIAL (a finished one: no-op)
-    rollflow eval --trial T [--config C] [--version V] [--split S]   score a checkpoint of T
-    rollflow ls [--config C] [experiment=E ...]                      the trials: status, version, best accuracy
-    rollflow inspect [--config C] [trial=T ...] [--min-reward R] [--version LO:HI] [--prompt TEXT]
+    rollflow eval TRIAL [--config C] [--version V] [--split S]       score a checkpoint of TRIAL
+    rollflow ls [--config C] [experiment=E ...]                      the trials of every experiment (or of E)
+    rollflow inspect TRIAL [--config C] [--min-reward R] [--version LO:HI] [--prompt TEXT]
     rollflow plan [--config configs/gsm8k_qwen.yaml] --image IMG    the GPU path, resolved without a GPU
+
+A trial is named the same way everywhere: the word after the command (``resume TRIAL``, ``eval TRIAL``,
+``inspect TRIAL``); ``run --trial NAME`` names a new one. The old spellings ``eval --trial T`` and
+``inspect trial=T`` still work and say so on stderr.
+
+Where it looks: ``--config`` defaults to the demo's config (``configs/tiny_hard.yaml``, the one ``make demo``
+trains), found in the checkout from any directory; a relative ``--config`` is looked up in the current
+directory, then in the checkout. Relative paths inside the config (``storage.root: runs/storage``,
+``model.path``) are relative to the project directory: ``$ROLLFLOW_PROJECT_DIR`` when set, else the folder
+that holds the config's ``configs/`` folder (the checkout, for the shipped configs), else the current
+directory. So ``rollflow ls`` lists the demo's trials from anywhere.
+    rollflow query TRIAL "SELECT ..." [--config C] [--format F]      SQL over the committed trajectories
+    rollflow view TRIAL [--config C] [--port P] [--api-key K]        the trajectory viewer on 127.0.0.1
 
 ``run``, ``resume`` and ``eval`` run the flows in this process: against ``PREFECT_API_URL`` when it is
 set (the runs show in that server's UI), else against a private API server that dies with this process.
@@ -27,18 +40,72 @@ It lives in ``flows/`` (not ``rollflow/``) because it calls flows, and ``rollflo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 from flows.console import VERBOSE_HELP
 from flows.preflight import CommandError, check_checkpoint, check_trial
+from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import ConfigError
 from rollflow.configuration.loader import load_config
 from storage.errors import CheckpointNotFoundError
 
-DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
+CHECKOUT = Path(__file__).resolve().parents[1]
+# The demo's config: `make demo` trains it, so `rollflow ls` / `resume NAME` find the demo's trials.
+DEFAULT_CONFIG = "configs/tiny_hard.yaml"
+PLAN_CONFIG = "configs/gsm8k_qwen.yaml"
+PROJECT_DIR_ENV = "ROLLFLOW_PROJECT_DIR"
 USAGE_STATUS = 2  # argparse's status for a command line that cannot work
+
+
+def find_config(path: str) -> str:
+    """``path`` when it is a file here, else the checkout's file of that name (the shipped configs work
+    from any directory), as an absolute path; else ``path`` (the loader then says it does not exist)."""
+    given = Path(path).expanduser()
+    if not given.is_file() and not given.is_absolute() and (CHECKOUT / given).is_file():
+        given = CHECKOUT / given
+    return str(given.resolve()) if given.is_file() else path
+
+
+def project_dir(config: str | None) -> Path:
+    """Where a config's relative paths point (module docstring); ``config`` absolute or as found here."""
+    if os.environ.get(PROJECT_DIR_ENV):
+        return Path(os.environ[PROJECT_DIR_ENV]).expanduser().resolve()
+    if config:
+        folder = Path(config).resolve().parent
+        if folder.name == "configs":
+            return folder.parent
+    return Path.cwd()
+
+
+def config_path(path: str) -> tuple[str, Path]:
+    """(the config as the command uses it, the project directory it runs in): the config is written
+    relative to the project directory when it lies inside it."""
+    found = find_config(path)
+    project = project_dir(found)
+    try:
+        return str(Path(found).relative_to(project)), project
+    except ValueError:
+        return found, project
+
+
+@contextlib.contextmanager
+def in_dir(folder: Path) -> Iterator[None]:
+    """Run with ``folder`` as the working directory; put the old one back after."""
+    before = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def _deprecated(command: str, old: str, new: str) -> None:
+    print(f"rollflow {command}: `{old}` is deprecated; write `{new}`", file=sys.stderr)
 
 
 def _run(args: argparse.Namespace, *, resume: bool) -> int:
@@ -49,6 +116,14 @@ def _run(args: argparse.Namespace, *, resume: bool) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    if args.trial is not None and "=" in args.trial:  # an override, not a trial name
+        args.overrides.insert(0, args.trial)
+        args.trial = None
+    if args.trial_opt is not None:
+        _deprecated("eval", f"--trial {args.trial_opt}", f"rollflow eval {args.trial_opt}")
+    args.trial = args.trial if args.trial is not None else args.trial_opt
+    if args.trial is None:
+        raise CommandError("name the trial to score: `rollflow eval TRIAL` (`rollflow ls` lists them)")
     check_checkpoint(args.config, args.overrides, trial=args.trial, version=args.version)
     from flows.evaluate import evaluate
     from flows.local_api import local_prefect_api
@@ -61,20 +136,47 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    """The trials under the config's storage root and experiment (``storage.trial_list``)."""
+    """The trials of every experiment under the config's storage root, or of ``experiment=E`` only
+    (``storage.trial_list``)."""
     from storage.trial_list import experiment_uri, format_trials, list_trials
 
     cfg = load_config(args.config, args.overrides)
+    one = any(o.split("=", 1)[0].strip() == "experiment" for o in args.overrides)
+    experiments = [cfg.experiment] if one else experiment_names(cfg.storage.root, cfg.storage.options)
+    shown = 0
+    for experiment in experiments:
+        trials = list_trials(
+            cfg.storage.root, experiment, cfg.storage.options, active_within_s=cfg.rollout.worker_lease_s
+        )
+        if trials:
+            if not one:
+                print(
+                    f"experiment {experiment} ({experiment_uri(cfg.storage.root, experiment, cfg.storage.options)}):"
+                )
+            print(format_trials(trials), end="\n\n" if not one else "\n")
+            shown += len(trials)
     where = experiment_uri(cfg.storage.root, cfg.experiment, cfg.storage.options)
-    trials = list_trials(
-        cfg.storage.root, cfg.experiment, cfg.storage.options, active_within_s=cfg.rollout.worker_lease_s
-    )
-    if not trials:
+    if not one:
+        where = where.rsplit("/", 1)[0]
+    if not shown:
         print(f"no trial is stored under {where} (`rollflow run` starts one)")
         return 0
-    print(format_trials(trials))
-    print(f"{len(trials)} trial(s) under {where}")
+    print(f"{shown} trial(s) under {where}")
     return 0
+
+
+def experiment_names(root: str, options: dict[str, str] | None) -> list[str]:
+    """The experiment folders under the storage root, sorted ([] when there is none)."""
+    from storage.fs import Storage
+
+    probe = Storage.open(root, "_", "_", options)
+    top = probe.base.rsplit("/", 2)[0]
+    try:
+        entries = probe.fs.ls(top, detail=True)
+    except FileNotFoundError:
+        return []
+    names = (str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+    return sorted(n for n in names if not n.startswith((".", "_")))
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -100,6 +202,71 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trial_storage(args: argparse.Namespace) -> ExperimentConfig:
+    """The config, after checking that ``args.trial`` holds data (else ``no such trial``, status 2)."""
+    from rollflow.configuration.trial_storage import open_trial_storage
+    from rollflow.rollout.inspect import no_such_trial
+
+    cfg = load_config(args.config, args.overrides)
+    if not open_trial_storage(cfg, args.trial).list_dirs(""):
+        raise CommandError(no_such_trial(cfg.storage.root, cfg.experiment, args.trial, cfg.storage.options))
+    return cfg
+
+
+def _query(args: argparse.Namespace) -> int:
+    """SQL over the trial's committed trajectories (``storage.query``; views in docs/trajectories.md)."""
+    from rollflow.viewer.trial import query_trial
+    from storage.errors import QueryError
+
+    cfg = _trial_storage(args)
+    try:
+        table = query_trial(cfg, args.sql, trial=args.trial)
+    except QueryError as exc:
+        raise CommandError(str(exc)) from None
+    if args.format == "json":
+        for row in table.to_pylist():
+            print(json.dumps(row, default=str))
+        return 0
+    frame = table.to_pandas()
+    if args.format == "csv":
+        print(frame.to_csv(index=False), end="")
+    else:
+        print(frame.to_string(index=False, max_colwidth=60, max_rows=args.max_rows))
+        print(f"({table.num_rows} rows)")
+    return 0
+
+
+def _view(args: argparse.Namespace) -> int:
+    """Serve the trajectory viewer of one trial until Ctrl-C (``rollflow.viewer.server``)."""
+    from rollflow.api.errors import ViewerInputError
+    from rollflow.viewer.pages import Pages
+    from rollflow.viewer.server import API_KEY_ENV, ViewerServer
+    from rollflow.viewer.trial import load_decoder, open_query
+
+    cfg = _trial_storage(args)
+    decoder = load_decoder(cfg.model.path)
+    pages = Pages(
+        open_query(cfg, args.trial, decoder=decoder), decoder, title=f"{cfg.experiment} / {args.trial}"
+    )
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    try:
+        server = ViewerServer(pages, host=args.host, port=args.port, api_key=api_key)
+    except ViewerInputError as exc:
+        raise CommandError(str(exc)) from None
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {args.host}:{args.port} ({exc}); pick another --port") from None
+    print(
+        f"trajectories of {cfg.experiment}/{args.trial}: {server.url}{'?key=<your key>' if api_key else ''} (Ctrl-C stops)"
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rollflow", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -117,13 +284,14 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("overrides", nargs="*")
 
     ev = sub.add_parser("eval", help="score a committed checkpoint of a trial on the held-out split")
-    ev.add_argument("--trial", required=True)
+    ev.add_argument("trial", nargs="?", default=None, help="the trial (`rollflow ls` lists them)")
+    ev.add_argument("--trial", dest="trial_opt", default=None, help=argparse.SUPPRESS)  # the old spelling
     ev.add_argument("--config", default=DEFAULT_CONFIG)
     ev.add_argument("--version", type=int, default=-1, help="checkpoint version (-1 = latest)")
     ev.add_argument("--split", default=None)
     ev.add_argument("overrides", nargs="*")
 
-    ls = sub.add_parser("ls", help="the trials stored: status, latest version, best held-out accuracy")
+    ls = sub.add_parser("ls", help="the trials of every experiment: status, latest version, best accuracy")
     ls.add_argument("--config", default=DEFAULT_CONFIG)
     ls.add_argument("overrides", nargs="*", help="dotted overrides, e.g. experiment=other storage.root=...")
 
@@ -131,8 +299,31 @@ def build_parser() -> argparse.ArgumentParser:
         "inspect", help="decoded trajectories with filters (see `rollflow inspect -h`)", add_help=False
     )
 
+    qry = sub.add_parser("query", help="SQL over a trial's committed trajectories (docs/trajectories.md)")
+    qry.add_argument("trial")
+    qry.add_argument(
+        "sql",
+        help='e.g. "SELECT * FROM per_version"; views: trajectories, groups, trained, per_version, per_prompt, commits',
+    )
+    qry.add_argument("--config", default=DEFAULT_CONFIG)
+    qry.add_argument(
+        "--format", choices=("table", "csv", "json"), default="table", help="json: one object per line"
+    )
+    qry.add_argument("--max-rows", type=int, default=200, help="rows a table shows (csv and json print all)")
+    qry.add_argument("overrides", nargs="*")
+
+    view = sub.add_parser("view", help="the trajectory viewer of a trial, served on 127.0.0.1")
+    view.add_argument("trial")
+    view.add_argument("--config", default=DEFAULT_CONFIG)
+    view.add_argument(
+        "--host", default="127.0.0.1", help="bind address (not loopback: an API key is required)"
+    )
+    view.add_argument("--port", type=int, default=8765)
+    view.add_argument("--api-key", default=None, help="require this key (default: $ROLLFLOW_VIEWER_API_KEY)")
+    view.add_argument("overrides", nargs="*")
+
     plan = sub.add_parser("plan", help="resolve the GPU config, commands and pool variables without a GPU")
-    plan.add_argument("--config", default="configs/gsm8k_qwen.yaml")
+    plan.add_argument("--config", default=PLAN_CONFIG)
     plan.add_argument("--image", default=None, help="container image (default: $ROLLFLOW_IMAGE)")
     plan.add_argument(
         "--train-seqs-per-s", type=float, default=None, help="measured: sequences/s the trainer consumes"
@@ -158,12 +349,55 @@ def _usage_error(command: str, exc: Exception) -> int:
     return USAGE_STATUS
 
 
+def _inspect_argv(argv: list[str]) -> list[str]:
+    """``inspect TRIAL ...`` in the words of ``rollflow.rollout.inspect``'s parser: ``--trial TRIAL`` and,
+    unless a store is named, the default ``--config`` (``trial=T``, the old spelling, still works)."""
+    out: list[str] = []
+    trial = None
+    takes_value = {"--config", "--storage-root", "--experiment", "--trial", "--tokenizer", "--limit",
+                   "--width", "--min-reward", "--max-reward", "--version", "--prompt", "--storage-option"}  # fmt: skip
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word in takes_value and i + 1 < len(argv):
+            out += [word, argv[i + 1]]
+            i += 2
+            continue
+        if word.startswith("trial="):
+            _deprecated("inspect", word, f"rollflow inspect {word[6:]}")
+            trial = word[6:]
+        elif not word.startswith("-") and "=" not in word and trial is None and "--trial" not in argv:
+            trial = word
+        else:
+            out.append(word)
+        i += 1
+    if trial is not None:
+        out += ["--trial", trial]
+    if "--config" not in out and "--storage-root" not in out and not {"-h", "--help"} & set(out):
+        out += ["--config", DEFAULT_CONFIG]
+    return out
+
+
 def _main(argv: list[str]) -> int:
     if argv[:1] == ["inspect"]:  # its own parser, and no Prefect import
         from rollflow.rollout.inspect import main as inspect_main
 
-        return inspect_main(argv[1:], prog="rollflow inspect")
+        words = _inspect_argv(argv[1:])
+        project = Path.cwd()
+        if "--config" in words:
+            at = words.index("--config") + 1
+            words[at], project = config_path(words[at])
+        with in_dir(project):
+            return inspect_main(words, prog="rollflow inspect")
     args = build_parser().parse_args(argv)
+    project = Path.cwd()
+    if getattr(args, "config", None):
+        args.config, project = config_path(args.config)
+    with in_dir(project):
+        return _dispatch(args)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         return _run(args, resume=False)
     if args.command == "resume":
@@ -172,6 +406,10 @@ def _main(argv: list[str]) -> int:
         return _eval(args)
     if args.command == "ls":
         return _ls(args)
+    if args.command == "query":
+        return _query(args)
+    if args.command == "view":
+        return _view(args)
     return _plan(args)
 
 
