@@ -28,7 +28,9 @@ no KL. Snapshots are kept every ``--snapshot-every`` training seconds and at the
 
 Printed keys, medians over seeds with ``_spread`` (min..max) beside them: ``trl_completions_per_s``,
 ``rollflow_completions_per_s``, ``completions_per_s_ratio``, ``trl_acc_at_{S}s``, ``rollflow_acc_at_{S}s``
-(S = ``--seconds``, 600 by default), ``time_to_trl_final_ratio`` (median seconds rollflow needs to reach
+(S = ``--seconds``, 600 by default), ``{trl,rollflow}_acc_base_solved_at_{S}s`` and ``..._unsolved_at_{S}s``
+(accuracy on the held-out problems the starting model solved / did not: retention and learning;
+``base_solved`` is how many it solved), ``time_to_trl_final_ratio`` (median seconds rollflow needs to reach
 TRL's median final accuracy, / S), ``rollflow_time_to_0.8`` (median, or ``none``),
 ``{trl,rollflow}_completions_to_0.8`` (learning per generated token, ``completions_to``; with
 ``train.ppo_epochs`` > 1 the per-step keys compare unlike steps: TRL counts each of its ``num_iterations``
@@ -66,7 +68,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.peer_eval import SnapshotScorer, median, spread, time_to, value_at
+from bench.peer_eval import SnapshotScorer, base_split_accuracies, median, spread, time_to, value_at
 
 ROOT = Path(__file__).resolve().parent.parent
 TRL_PY = ROOT / ".venv-trl" / "bin" / "python"
@@ -145,20 +147,26 @@ def start_model(config: str | Path, model_path: str | Path) -> Path:
     return path
 
 
-def _curve(run_dir: Path, scorer: SnapshotScorer, base_acc: float) -> dict[str, Any]:
-    """The run's ``curve.json`` plus ``curve`` ([(training s, accuracy)]) and ``step_acc`` ({step: acc})."""
+def _curve(run_dir: Path, scorer: SnapshotScorer, base_correct: list[bool]) -> dict[str, Any]:
+    """The run's ``curve.json`` plus ``curve`` ([(training s, accuracy)]), ``step_acc`` ({step: acc}) and
+    ``retention`` ([(training s, accuracy on base-solved, on base-unsolved)])."""
     doc = json.loads((run_dir / "curve.json").read_text())
+    base_acc = sum(base_correct) / max(1, len(base_correct))
     points = [(0.0, base_acc)]
     step_acc = {"0": base_acc}
+    retention = [(0.0, *base_split_accuracies(base_correct, base_correct))]
     for snap in doc["snapshots"]:
         if snap.get("file") is None or snap["t"] <= 0:
             continue
-        acc = scorer.accuracy(run_dir / snap["file"])
+        correct = scorer.correct(run_dir / snap["file"])
+        acc = sum(correct) / max(1, len(correct))
         points.append((float(snap["t"]), acc))
+        retention.append((float(snap["t"]), *base_split_accuracies(correct, base_correct)))
         step_acc[str(int(snap["step"]))] = acc
         (run_dir / snap["file"]).unlink()  # scored; the curve is what we keep
     doc["curve"] = sorted(points)
     doc["step_acc"] = step_acc  # JSON keys are strings
+    doc["retention"] = sorted(retention)
     return doc
 
 
@@ -235,8 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         import_string(cfg.dataset.reward_fn),
         max_new_tokens=cfg.eval.max_new_tokens or gen.max_new_tokens,
     )
-    base_acc = scorer.accuracy(None)
+    base_correct = scorer.correct(None)  # decides the base-solved / base-unsolved split
+    base_acc = sum(base_correct) / max(1, len(base_correct))
     print(f"base_acc {base_acc:.3f}", flush=True)
+    print(f"base_solved {sum(base_correct)}", flush=True)
 
     runs: list[dict[str, Any]] = []
     jobs = [(s, sysname) for s in args.seeds for sysname in args.systems]
@@ -294,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_dir / "log.txt",
                 args.threads,
             )
-        doc = _curve(run_dir, scorer, base_acc)
+        doc = _curve(run_dir, scorer, base_correct)
         doc["system"], doc["seed"], doc["wall_s"] = system, seed, time.monotonic() - t0
         runs.append(doc)
         final = doc["curve"][-1]
@@ -417,6 +427,9 @@ def summarize(runs: list[dict[str, Any]], seconds: float, steps: Sequence[int] =
         out[f"{system}_s_per_step"] = _fmt(median(sps))
         out[f"{system}_acc_at_{s}s"] = _fmt(median(acc))
         out[f"{system}_acc_at_{s}s_spread"] = spread(acc)
+        for i, half in ((1, "solved"), (2, "unsolved")):  # retention and learning (bench.peer_eval)
+            at = [value_at([(p[0], p[i]) for p in r.get("retention", [])], seconds, final_from=seconds) for r in rs]
+            out[f"{system}_acc_base_{half}_at_{s}s"] = _fmt(median(at))
     if "trl" in by and "rollflow" in by:
         trl_cps = median([r["completions_per_s"] for r in by["trl"]])
         out["completions_per_s_ratio"] = _fmt(

@@ -9,7 +9,8 @@ render them; the reward is called as rollflow calls it (``rollflow.rewards.proto
 message, the completion decoded with special tokens skipped, the answer and the row's other fields;
 a reward that raises scores 0. Both systems' snapshots go through this one function, so neither is
 scored by its own code. Plus the pure curve functions the harness
-prints: value at a time, first time a level is reached, medians.
+prints: value at a time, first time a level is reached, medians, and ``base_split_accuracies``: retention
+(accuracy on the held-out problems the starting model solved) and learning (on those it did not).
 
 What it is not: the product's evaluation (``rollflow.evaluation`` scores whatever the inference servers
 serve, mid-run); this one runs after the runs, off the training clock.
@@ -72,10 +73,15 @@ class SnapshotScorer:
                 f"snapshot {snapshot} does not fit the model: missing {missing}, extra {unexpected}"
             )
 
-    @torch.no_grad()
     def accuracy(self, snapshot: str | Path | None = None) -> float:
+        correct = self.correct(snapshot)
+        return sum(correct) / max(1, len(correct))
+
+    @torch.no_grad()
+    def correct(self, snapshot: str | Path | None = None) -> list[bool]:
+        """Per held-out row, in order: did the snapshot's greedy completion score >= 0.5."""
         self.load(snapshot)
-        correct = 0
+        correct: list[bool] = []
         n = len(self.rows)
         for lo in range(0, n, self.batch_size):
             ids = self.enc["input_ids"][lo : lo + self.batch_size]  # [b, P]
@@ -93,8 +99,8 @@ class SnapshotScorer:
             for row, prompt, data, text in zip(
                 self.rows[lo:hi], self.prompts[lo:hi], self.data[lo:hi], texts, strict=True
             ):
-                correct += self.score(prompt, text, str(row["answer"]), data) >= 0.5
-        return correct / max(1, n)
+                correct.append(self.score(prompt, text, str(row["answer"]), data) >= 0.5)
+        return correct
 
     def score(self, prompt: str, completion: str, answer: str, data: dict[str, Any]) -> float:
         """The reward, or 0.0 when it raises or returns a non-number (rollflow's runner does the same)."""
@@ -105,6 +111,21 @@ class SnapshotScorer:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return 0.0
         return float(value)
+
+
+def base_split_accuracies(correct: Sequence[bool], base: Sequence[bool]) -> tuple[float, float]:
+    """(accuracy on the rows ``base`` got right, on the rows it got wrong); NaN for an empty half.
+
+    solved = #{i: base_i and correct_i} / #{i: base_i}; unsolved = #{i: not base_i and correct_i} / #{i: not base_i}
+    """
+    if len(correct) != len(base):
+        raise ValueError(f"{len(correct)} scores for {len(base)} base scores: not the same held-out rows")
+    halves = (
+        [c for c, b in zip(correct, base, strict=True) if b],
+        [c for c, b in zip(correct, base, strict=True) if not b],
+    )
+    solved, unsolved = (sum(h) / len(h) if h else math.nan for h in halves)
+    return solved, unsolved
 
 
 def value_at(curve: Curve, t: float, *, final_from: float | None = None) -> float:

@@ -12,7 +12,8 @@ What it is:
   recorded config, not the YAML read again: a trial started with ``train.steps=200`` resumes with 200
   whatever the YAML says now. On top of it:
   - credentials come from the present config (the environment, the YAML), never from the record;
-  - the resume's own ``overrides`` (dotted, explicit) apply, except where they would make the record
+  - the resume's own ``overrides`` (dotted, explicit) apply (one that repeats the recorded value, e.g.
+    ``storage.root`` to find the trial, is not a change), except where they would make the record
     false: a key that defines the data, the model or where the trial lives (``RECORD_KEYS``:
     ``experiment``, ``seed``, ``model.*``, ``dataset.*``, ``eval.split``, ``eval.n_prompts``,
     ``eval.correct_reward``, ``storage.root``, ``train.lora.*``), or a ``train.steps`` below the version
@@ -75,7 +76,7 @@ class ResumeOverrideError(ConfigError):
 @dataclass(frozen=True)
 class ResumedConfig:
     cfg: ExperimentConfig
-    overrides: list[str]  # the resume's explicit overrides, as given (without trial=)
+    overrides: list[str]  # the resume's explicit overrides that change the record, as given
     ignored: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # key -> (recorded, present config)
     history: list[str] = field(default_factory=list)  # every resume's overrides so far, oldest first
 
@@ -160,10 +161,14 @@ def resume_config(
             flat[key] = present_raw[key]
     flat["trial"] = fresh.trial
     overridden: set[str] = set()
+    changes: list[str] = []
     for item in given:
         path, value = parse_override(item)
         key = ".".join(path)
+        if key in stored and stored[key] == value:
+            continue  # the recorded value again (e.g. storage.root, to find the trial): not a change
         _check_override(key, value, trained_version)
+        changes.append(item)
         for old in [k for k in flat if k == key or k.startswith(key + ".")]:
             del flat[old]
         flat[key] = value
@@ -178,7 +183,7 @@ def resume_config(
         for k in sorted(set(stored) & set(present))
         if k != "trial" and k not in overridden and stored[k] != present[k] and not _has_secret(present[k])
     }
-    return ResumedConfig(cfg, given, ignored)
+    return ResumedConfig(cfg, changes, ignored)
 
 
 def settle_config(

@@ -103,6 +103,18 @@ def test_an_override_that_would_break_the_record_is_refused(
     assert trial.get_bytes(CONFIG_KEY) == before  # nothing recorded for a refused resume
 
 
+def test_repeating_a_recorded_value_is_not_an_override(trial: Storage, tmp_path: Path) -> None:
+    root = str(tmp_path / "store")
+    settle_config(trial, _cfg(f"storage.root={root}", "train.steps=200"), state="new", overrides=[])
+    resumed = settle_config(
+        trial,
+        _cfg(f"storage.root={root}"),
+        state="unfinished",
+        overrides=[f"storage.root={root}", "trial=t1"],
+    )
+    assert resumed.overrides == [] and resumed.cfg.train.steps == 200 and resumed.cfg.storage.root == root
+
+
 def test_credentials_never_reach_the_record_and_come_from_the_present(trial: Storage) -> None:
     settle_config(trial, _cfg("inference.api_key=first-s3cr3t"), state="new", overrides=[])
     raw = trial.get_bytes(CONFIG_KEY).decode()
