@@ -10,7 +10,7 @@ trainer runs ``supply // train.batch_size`` steps and then waits. Either way the
 silence until ``train.data_wait_timeout_s`` and then fail; this says so up front, logged at WARNING
 by the rollout loop (``rollout.dynamic_sampling`` and failed episodes only lower the supply further).
 Example: 3 rows, E = 1, batch 4 -> "at most 3 groups ... one training batch needs 4". With a prompt
-curriculum set explicitly (``rollout.skip_*_prob``; off by default in a bounded run) every prompt may be
+curriculum set (``rollout.skip_*_prob``; off by default) every prompt may be
 skipped after its first epoch, so the supply counted is ``n_rows * (1 + (E - 1) * (1 - p))`` with ``p``
 the larger skip probability.
 

@@ -178,3 +178,48 @@ def test_executor_does_not_generate_flat_prompts_of_a_later_epoch() -> None:
     assert ex.stats.accepted == 40 - skipped and sm.stat.running == 0
     assert sm.stat.accepted + sm.stat.rejected == 40 - skipped  # skipped rows never took capacity
     assert ex.stats.finished == 40  # but every fed row is finished: released or accepted
+
+
+def test_a_skipped_prompt_runs_after_max_streak_skips_in_a_row() -> None:
+    """The regression bound: at skip probability 0.9999 a solved prompt would almost never run; with
+    max_streak 3 it is skipped exactly 3 times, then runs, and after each run (observed solved again) the
+    streak starts over: over 12 passes it runs in passes 4, 8 and 12, i.e. once in every 3 + 1 passes.
+    A prompt that regressed (its run gives a group with signal) is then never skipped."""
+    f = PromptCurriculum(0.9999, 0.9999, seed=3, max_streak=3)
+    f.observe("p", [1.0, 1.0])
+    runs = []
+    for n in range(1, 13):
+        if not f.skip("p"):
+            runs.append(n)
+            f.observe("p", [1.0, 1.0])  # ran, still solved
+    assert runs == [4, 8, 12]
+    assert f.skipped["solved"] == 9
+    for _ in range(3):
+        assert f.skip("p")
+    assert not f.skip("p")  # the 4th pass runs ...
+    f.observe("p", [1.0, 0.0])  # ... and shows the regression: rewards differ
+    assert not any(f.skip("p") for _ in range(50))
+    # decided ahead (the prompt source's path) the bound holds too: position 7 comes after 3 skips
+    g = PromptCurriculum(0.9999, 0.0, seed=4, max_streak=3)
+    g.observe("q", [1.0])
+    for position in range(4, 8):
+        assert g.decide_ahead([(position, "q")]) == (1 if position < 7 else 0)
+        assert g.skip("q", position) is (position < 7)
+    with pytest.raises(ValueError, match="max_streak"):
+        PromptCurriculum(0.5, 0.5, max_streak=-1)
+
+
+def test_without_a_bound_the_same_prompt_stays_hidden() -> None:
+    """The failure the bound prevents (hand-checked): at 0.9999 and no bound, 12 passes never run it."""
+    f = PromptCurriculum(0.9999, 0.0, seed=3, max_streak=None)
+    f.observe("p", [1.0, 1.0])
+    assert all(f.skip("p") for _ in range(12))
+
+
+def test_build_curriculum_passes_the_configured_bound() -> None:
+    from rollflow.api.config import RolloutConfig
+    from rollflow.rollout.prompt_filter import build_curriculum
+
+    assert build_curriculum(RolloutConfig(), seed=1) is None  # off by default: the peers skip nothing
+    c = build_curriculum(RolloutConfig(skip_solved_prob=0.9, curriculum_max_skips=2), seed=1)
+    assert c is not None and c.max_streak == 2

@@ -34,7 +34,7 @@ def test_enough_or_unbounded_says_nothing(max_epochs: int | None, n_rows: int) -
 
 def test_a_curriculum_set_in_a_bounded_run_counts_its_skips() -> None:
     cfg = _cfg(max_epochs=4, batch=4, steps=10)  # 10 rows x 4 epochs = 40 groups, exactly enough
-    assert cfg.rollout.curriculum_probs() == (0.0, 0.0)  # off by default when bounded
+    assert cfg.rollout.curriculum_probs() == (0.0, 0.0)  # off by default
     assert bounded_supply_warning(cfg, n_rows=10) is None
     cfg.rollout.skip_solved_prob = 0.5  # 10 + 10 x 3 x 0.5 = 25 groups: 6 of 10 steps
     message = bounded_supply_warning(cfg, n_rows=10)
