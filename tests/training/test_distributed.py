@@ -1,5 +1,8 @@
 """The same trainer under torchrun with 2 CPU ranks (gloo): DDP and FSDP2 match the single-process run.
 
+``fsdp2-2nodes``: the 2 ranks as 2 nodes, i.e. two torchrun agents (``--nnodes 2 --nproc_per_node 1``)
+meeting at a c10d rendezvous on 127.0.0.1, as ``train.nnodes: 2`` launches them on two machines.
+
 Both runs read the same shards (2 steps x 4 groups, 2 PPO minibatches, micro-batch budget small enough
 to give ranks several micro-batches, KL to the reference on). Rank 0 reads and broadcasts each batch,
 groups are split across ranks by tokens, rank 0 publishes from a full state dict. Compared: the
@@ -78,7 +81,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
+def _run_agents(cfg_path: Path, extra: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Two torchrun agents, each the line ``train.nnodes: 2`` gives every node (flows/gpu_plan.py), meeting
+    at a c10d rendezvous on 127.0.0.1; returns global rank 0's output and the worst exit code."""
+    from flows.gpu_plan import torchrun_command
+
+    nodes = ["train.nnodes=2", "train.nproc_per_node=1", f"train.rdzv_endpoint=127.0.0.1:{_free_port()}"]
+    cfg = load_config(str(cfg_path), [*nodes, *extra[2:]])
+    cmd = torchrun_command(cfg, str(cfg_path), [*extra, *nodes])
+    assert "--nnodes=2" in cmd and "--rdzv_backend=c10d" in cmd
+    agents = [
+        subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [a.communicate(timeout=300) for a in agents]
+    (rank0,) = [o for o in outs if o[0].strip()] or [outs[0]]  # only global rank 0 prints the summary
+    code = max(a.returncode for a in agents)
+    return subprocess.CompletedProcess(cmd, code, rank0[0], "\n".join(o[1] for o in outs))
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "fsdp2-2nodes"])
 def test_two_ranks_match_single_process(mode: str, single, tmp_path: Path, tiny_model_dir: Path) -> None:
     ref_storage, ref = single
     root = str(tmp_path / "store")
@@ -103,10 +125,13 @@ def test_two_ranks_match_single_process(mode: str, single, tmp_path: Path, tiny_
         str(cfg_path),
         "--metrics-jsonl",
         str(metrics),
-        f"train.distributed={mode}",
+        f"train.distributed={mode.split('-')[0]}",
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    if mode.endswith("-2nodes"):
+        proc = _run_agents(cfg_path, cmd[-3:], env)
+    else:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["done"] and summary["final_version"] == 2 and summary["published_versions"] == [0, 1, 2]
