@@ -6,6 +6,10 @@ What it is: the storage side of the global staleness bound. ``refresh`` returns 
     credited  = sum over those commits of their credits (``storage.credits``: stale drops, quarantine)
     by_writer = accepted per ``CommitRecord.writer`` (one ShardWriter incarnation)
 
+``committed_positions`` is the set of prompt positions named by the records read so far
+(``CommitRecord.positions``): what a worker adopting open blocks skips, since a group committed just
+before a kill may still be open in the state file its dead life left.
+
 Credits are listed before commits, and a credit counts only when its commit is counted, so
 ``0 <= credited <= accepted`` and ``accepted - credited`` never undercounts the groups that may still be
 trained. Listing is incremental (``PartitionLister``); each record and document is read once (records
@@ -53,6 +57,7 @@ class GroupLedger:
         self._credit: dict[str, int] = {}  # commit id -> dropped-stale groups
         self._quarantined: dict[str, int] = {}  # commit id -> groups credited by its quarantine
         self._seen_quarantine: set[str] = set()
+        self.committed_positions: set[int] = set()  # prompt positions of every record read
 
     def refresh(self) -> LedgerView:
         # Credits first: every credit read here belongs to a commit committed before it was written.
@@ -86,6 +91,7 @@ class GroupLedger:
             except (ValueError, CorruptShardError):
                 continue  # unreadable: the trainer quarantines it, and it counts nowhere
             self._groups[rec.commit_id] = (rec.writer, rec.groups)
+            self.committed_positions.update(rec.positions or ())
         by_writer: dict[str, int] = {}
         accepted = credited = 0
         for cid, (writer, groups) in self._groups.items():

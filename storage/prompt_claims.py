@@ -41,6 +41,7 @@ class ClaimLog:
         self.storage = storage
         self._next: int | None = None  # lowest block that may be unclaimed (a hint)
         self.conflicts = 0
+        self._names: dict[int, str] = {}  # block -> the name in its claim (claims never change)
 
     def next_block(self) -> int:
         """The lowest block not known to be claimed (lists the newest claim directory if unknown)."""
@@ -56,6 +57,33 @@ class ClaimLog:
         names = [k.rsplit("/", 1)[-1].removesuffix(".json") for k in self.storage.list(newest)]
         blocks = [int(n) for n in names if n.isdigit()]
         return max(blocks) + 1 if blocks else int(newest.rsplit("/", 1)[-1]) * CLAIMS_PER_DIR
+
+    def claims_by(self, name: str, start: int) -> list[int]:
+        """Blocks ``>= start`` whose claim names worker ``name``, ascending: a fresh listing of the claim
+        directories from ``start`` on (one LIST each, usually one), and one GET per claim not read before.
+
+        A worker's state file records the claim log's next block (``WorkerState.claim_mark``); its claims
+        from there on are the ones killed before the state file said so.
+        """
+        out: list[int] = []
+        for d in self.storage.list_dirs(CLAIM_DIR):
+            tail = d.rsplit("/", 1)[-1]
+            if not tail.isdigit() or (int(tail) + 1) * CLAIMS_PER_DIR <= start:
+                continue
+            for key in self.storage.list(d):
+                stem = key.rsplit("/", 1)[-1].removesuffix(".json")
+                if not stem.isdigit() or int(stem) < start:
+                    continue
+                block = int(stem)
+                if block not in self._names:
+                    try:
+                        doc = self.storage.get_json(key)
+                    except (FileNotFoundError, ValueError):
+                        continue
+                    self._names[block] = str(doc.get("name", "")) if isinstance(doc, dict) else ""
+                if self._names[block] == name:
+                    out.append(block)
+        return sorted(out)
 
     def try_claim(self, block: int, worker: str, name: str) -> bool:
         """Exclusive put of ``block``'s claim; False (and the hint moves on) if another worker has it."""

@@ -13,6 +13,12 @@ fresh worker; a format-1 file, one writer and no claims, gives only its counters
 another format are skipped: a peer's file is never a reason to stop); ``taken_over_by`` names the writer
 that adopted a block. A state names its blocks as ``{"<block>": {"gen": g, "open": [positions]}}``.
 
+``claim_mark`` closes the window between a claim and the state put that records it: it is the claim
+log's next block when the state was built, so every block the worker claimed below it is in the file (or
+finished), and a claim of the worker's at or above it is one the file never saw. A resume (or a peer
+adopting a dead worker) reads those claims from the claim log (``ClaimLog.claims_by``) and runs them.
+None in files written before the field existed: nothing is looked up.
+
 The writer ids of one worker's lives (``incarnations``) are ``{name}-{8 hex digits}`` (``ShardWriter``
 makes them), so ``is_incarnation_of`` tells a worker's own earlier lives from other workers.
 
@@ -46,6 +52,7 @@ class WorkerState:
     failed: int = 0
     released: int = 0
     updated_at: float | None = None  # time.time() of the put: the heartbeat
+    claim_mark: int | None = None  # the claim log's next block when built: later claims are unrecorded
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,12 +67,13 @@ class WorkerState:
             "failed": self.failed,
             "released": self.released,
             "updated_at": self.updated_at,
+            "claim_mark": self.claim_mark,
         }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> WorkerState:
         """A format-2 document (missing counters read as 0)."""
-        stamp = doc.get("updated_at")
+        stamp, mark = doc.get("updated_at"), doc.get("claim_mark")
         return cls(
             writer=str(doc.get("writer", "")),
             incarnation=str(doc.get("incarnation", "")),
@@ -77,6 +85,7 @@ class WorkerState:
             failed=int(doc.get("failed", 0)),
             released=int(doc.get("released", 0)),
             updated_at=None if stamp is None else float(stamp),
+            claim_mark=None if mark is None else int(mark),
         )
 
 

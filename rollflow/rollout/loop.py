@@ -25,9 +25,11 @@ restart with the same name continues its blocks; two live workers must never sha
 derives it from the flow run). Shard keys carry an extra random suffix per process, so a restarted
 worker never reuses a key and counts only its own commits.
 
-A prompt's key is its global position ``epoch * N + position`` (``prompt_source``). An episode whose
-group committed just before a crash, before the state put, may run twice (at most one shard's worth); a
-block claimed just before a crash, before the state put, is never run (skipped for that epoch).
+A prompt's key is its global position ``epoch * N + position`` (``prompt_source``). On a resume the
+storage records decide, not the state file alone: a group committed just before a crash, before the state
+put, is known by its commit record's positions and not run again; a block claimed just before a crash,
+before the state put, is found in the claim log from the state's ``claim_mark`` on and run
+(``prompt_source``, "Resume from storage"). A state is put once at start, so a first claim has a mark.
 
 What it is not: the staleness arithmetic (``rollflow.rollout.staleness``), the storage layout of its
 state (``storage.worker_state``), the checkpoint watcher or the servers (the caller starts them and
@@ -171,6 +173,7 @@ class RolloutWorker:
         await self._open_writer_and_prompts()
         self.executor = self._build_executor()
         await asyncio.to_thread(self._sync)
+        await asyncio.to_thread(lambda: self.states.put(self._state()))  # a claim_mark before the first claim
         self.done_store = CheckpointStore(self.storage)
         stopped_by: StopReason | None = None
         try:
@@ -286,7 +289,11 @@ class RolloutWorker:
             on_claim=lambda: self.states.put(self._state()),  # record the block before any prompt runs
             skips_ahead=None if self.curriculum is None else self.curriculum.decide_ahead,
         )
-        await asyncio.to_thread(self._adopt, self.before.blocks, True)  # this worker's earlier life
+        await asyncio.to_thread(  # this worker's earlier life: its state file's blocks and unrecorded claims
+            lambda: self._adopt(
+                {**self.source.unrecorded(self.name, self.before.claim_mark), **self.before.blocks}, True
+            )
+        )
         logger.log(  # a line worth reading on a resume (what was restored and adopted), chatter otherwise
             logging.INFO if self.view.accepted or self.source.adopted else logging.DEBUG,
             "rollout %s (%s) starts: %d rows (%d bad), %d groups committed (%d credited), next block %d, "
@@ -341,7 +348,7 @@ class RolloutWorker:
         peers = self.states.others()
         for peer in peers:
             if peer.updated_at is not None and now - peer.updated_at > self.cfg.rollout.worker_lease_s:
-                self._adopt(peer.blocks)
+                self._adopt({**self.source.unrecorded(peer.writer, peer.claim_mark), **peer.blocks})
         self._others_released, self._credited = sum(p.released for p in peers), v.credited
 
     def _adopt(self, blocks: dict[str, dict[str, Any]], own: bool = False) -> None:
@@ -351,7 +358,9 @@ class RolloutWorker:
             while (block, gen) not in self._tried:
                 self._tried.add((block, gen))
                 if self.claims.try_take_over(block, gen, self.writer.writer_id):
-                    self.source.adopt(block, gen, [int(p) for p in info["open"]])
+                    self.source.adopt(
+                        block, gen, [int(p) for p in info["open"]], self.ledger.committed_positions
+                    )
                     break
                 # An earlier life of this worker took the block over and was killed before its state file
                 # said so: the block is still this worker's, so take the next generation (else its open
@@ -374,6 +383,7 @@ class RolloutWorker:
             failed=self.before.failed + ex.stats.failed,
             released=self._own_released(),
             updated_at=time.time(),
+            claim_mark=self.source.claim_mark,
         )
 
     # --- stop: partial episodes, close, summary ---------------------------------------------------------------

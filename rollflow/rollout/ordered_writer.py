@@ -59,7 +59,11 @@ class OrderedWriter:
         self._flush_inflight = False
 
     def add(self, group: TrajectoryGroup, key: Hashable) -> None:
-        """Queue ``sink.add(group)``; ``key`` stays in ``buffered_keys`` until a commit covers it."""
+        """Queue ``sink.add(group)``; ``key`` stays in ``buffered_keys`` until a commit covers it. An int
+        ``key`` (the rollout loop's prompt position) becomes ``group.position``, which the commit record
+        keeps, so a resume can tell a committed position from an open one."""
+        if isinstance(key, int) and not isinstance(key, bool):
+            group.position = key
         self._seq += 1
         self._buffered.append((self._seq, key))
         self._call(self.sink.add, group, watermark=self._seq)

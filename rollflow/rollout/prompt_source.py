@@ -14,6 +14,17 @@ positions were ever handed out, to all workers together; a block is claimed only
 a worked example live in ``rollflow.rollout.staleness``). A new worker reads the same log, so it cannot
 run ahead.
 
+Resume from storage, not from the state file alone. A kill can land between a storage write and the
+state put that records it; the storage records decide:
+
+- a block claimed just before the kill, before ``on_claim``'s state put: the state file's ``claim_mark``
+  (``claim_mark`` here, the claim log's next block when the state was built) bounds what it knew, and
+  ``unrecorded(name, mark)`` finds that worker's claims from the mark on in the claim log, to be adopted
+  whole (nothing of such a block ran: its state put comes before its first prompt);
+- a group committed just before the kill, before the state put after the commit: its position is still
+  open in the state file, but the commit record names it (``CommitRecord.positions``), and ``adopt``
+  drops the positions in ``done`` (``GroupLedger.committed_positions``), so it is not generated twice.
+
 What it is not: storage I/O beyond ``ClaimLog`` calls and the ``on_claim`` callback (the loop persists
 its state there, so a claimed block is recorded before any of its prompts runs).
 """
@@ -23,7 +34,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +95,7 @@ class ClaimedPrompts:
         self._held: dict[int, _Held] = {}
         self._lock = threading.Lock()  # adopt() runs on the loop's sync thread
         self._perm: dict[int, list[int]] = {}
+        self._unrecorded: dict[tuple[str, int], list[int]] = {}  # (name, mark) -> blocks found
         self.last: int | None = None  # last position handed out
         self._stopped = False  # the claim log reached max_epochs
         self.claimed = 0  # blocks claimed by this worker
@@ -113,15 +125,47 @@ class ClaimedPrompts:
 
     # --- adoption and state ---------------------------------------------------------------------------------
 
-    def adopt(self, block: int, gen: int, open_positions: Sequence[int]) -> None:
-        """Run ``open_positions`` of ``block`` here (after this worker's takeover ``gen`` succeeded)."""
+    def adopt(
+        self, block: int, gen: int, open_positions: Sequence[int], done: Collection[int] = frozenset()
+    ) -> None:
+        """Run ``open_positions`` of ``block`` here (after this worker's takeover ``gen`` succeeded), less
+        those in ``done`` (committed: the state file that listed them was put before their commit)."""
         with self._lock:
-            keep = sorted(p for p in open_positions if p in self.block_range(block))
+            inside = [p for p in open_positions if p in self.block_range(block)]
+            keep = sorted(p for p in inside if p not in done)
             self._held[block] = _Held(gen=gen, pending=keep)
             self.adopted += 1
         logger.info(
-            "worker %s adopted block %d (gen %d): %d open position(s)", self.name, block, gen, len(keep)
+            "worker %s adopted block %d (gen %d): %d open position(s)%s",
+            self.name,
+            block,
+            gen,
+            len(keep),
+            f", {len(inside) - len(keep)} already committed" if len(inside) > len(keep) else "",
         )
+
+    @property
+    def claim_mark(self) -> int:
+        """The claim log's next block as this worker knows it: every block it claimed is below it."""
+        return self.claims.next_block()
+
+    def unrecorded(self, name: str, mark: int | None) -> dict[str, dict[str, Any]]:
+        """Blocks worker ``name`` claimed at or after ``mark`` (its state file's ``claim_mark``), as state
+        entries with every position open: claims its state file never recorded. ``{}`` if ``mark`` is None
+        (a file from before the mark existed). Looked up once per (name, mark)."""
+        if mark is None:
+            return {}
+        found = self._unrecorded.get((name, mark))
+        if found is None:
+            found = self._unrecorded[(name, mark)] = self.claims.claims_by(name, mark)
+            if found:
+                logger.warning(
+                    "worker %s claimed block(s) %s and stopped before its state file recorded them: they are "
+                    "adopted from the claim log",
+                    name,
+                    found,
+                )
+        return {str(b): {"gen": 0, "open": list(self.block_range(b))} for b in found}
 
     def held_state(self, open_keys: set[Any]) -> dict[str, dict[str, Any]]:
         """``{block: {"gen", "open"}}`` for the state file; open = pending + handed and not finished.
