@@ -21,8 +21,13 @@ Refused, each with a ``WeightLoadError`` naming the tensor, module or field, bef
 implement (DoRA, biases, fan_in_fan_out, modules_to_save, per-layer rank/alpha patterns, ...); a
 target module the model lacks; a tensor for a module that is not a linear layer of the model; the
 wrong rank (A and B disagree, or disagree with ``r`` in adapter_config.json, or ``r`` exceeds the
-server's ``max_lora_rank``); shapes that do not fit the base layer; NaN or inf values. Checksums are
-the watcher's: it verifies every file against COMMIT.json before it asks for the load.
+server's ``max_lora_rank``); shapes that do not fit the base layer; NaN or inf values, in the
+adapter or in the merged weights; a ``lora_alpha`` that is not a finite number in ``(0, MAX_LORA_ALPHA]``
+(NaN, inf and 1e308 would make every served logprob NaN); a ``target_modules`` that is not a list of
+module names (peft also takes a regex string, which this server refuses: a pattern like ``(.|.)*Z``
+backtracks for hours while holding the GIL); a file that resolves outside the checkpoint directory (or
+the server's weights roots), checked as in ``weights.py``. Checksums are the watcher's: it verifies
+every file against COMMIT.json before it asks for the load.
 
 What it is not: a full-checkpoint loader (``weights.py``) or a multi-adapter server (one adapter at a
 time, merged).
@@ -39,12 +44,16 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from infra.cpu_server.weights import WeightLoadError, _all_finite
+from infra.cpu_server.weights import WeightLoadError, _all_finite, allowed_dirs, checked_file
 from storage.checkpoints import ADAPTER_CONFIG_NAME as ADAPTER_CONFIG
 from storage.checkpoints import ADAPTER_WEIGHTS_NAME as ADAPTER_WEIGHTS
 
 _PREFIX = "base_model.model."  # peft's saved names: base_model.model.<module>.lora_{A,B}.weight
 _KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
+# The largest lora_alpha served. The merge scales B @ A by alpha / r (alpha / sqrt(r) with rslora); peft's
+# examples use 8..512, and 1e4 already turns an adapter of ordinary values into float32 overflow.
+MAX_LORA_ALPHA = 1e4
+MAX_TARGET_MODULES = 4096
 # adapter_config.json options the merge above does not implement: refused when set (truthy).
 UNSUPPORTED = (
     "use_dora", "lora_bias", "fan_in_fan_out", "modules_to_save", "rank_pattern", "alpha_pattern",
@@ -58,19 +67,33 @@ def is_adapter_dir(model_path: str) -> bool:
     return (Path(model_path) / ADAPTER_CONFIG).is_file()
 
 
-def read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
+def read_adapter_config(adapter_dir: Path, allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
     """adapter_config.json, checked to describe a plain LoRA adapter this server can merge."""
+    path = (
+        adapter_dir / ADAPTER_CONFIG
+        if allowed is None
+        else checked_file(adapter_dir, ADAPTER_CONFIG, allowed)
+    )
     try:
-        doc = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
-    except (OSError, ValueError) as e:
-        raise WeightLoadError(f"{ADAPTER_CONFIG} in {adapter_dir} is unreadable: {e}") from e
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        raise WeightLoadError(
+            f"{ADAPTER_CONFIG} in {adapter_dir} is unreadable: {type(e).__name__}"
+        ) from None
     if not isinstance(doc, dict) or doc.get("peft_type") != "LORA":
         raise WeightLoadError(f"{ADAPTER_CONFIG}: peft_type must be LORA, got {doc.get('peft_type')!r}")
     r, alpha = doc.get("r"), doc.get("lora_alpha")
     if isinstance(r, bool) or not isinstance(r, int) or r < 1:
         raise WeightLoadError(f"{ADAPTER_CONFIG}: r must be an integer >= 1, got {r!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or alpha <= 0:
-        raise WeightLoadError(f"{ADAPTER_CONFIG}: lora_alpha must be a number > 0, got {alpha!r}")
+    if (
+        isinstance(alpha, bool)
+        or not isinstance(alpha, int | float)
+        or not math.isfinite(alpha)
+        or not 0 < alpha <= MAX_LORA_ALPHA
+    ):
+        raise WeightLoadError(
+            f"{ADAPTER_CONFIG}: lora_alpha must be a finite number in (0, {MAX_LORA_ALPHA:g}], got {alpha!r}"
+        )
     if doc.get("bias", "none") != "none":
         raise WeightLoadError(f"{ADAPTER_CONFIG}: bias={doc['bias']!r} is not supported (use 'none')")
     used = [f"{k}={doc[k]!r}" for k in UNSUPPORTED if doc.get(k)]
@@ -80,14 +103,28 @@ def read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
 
 
 def check_target_modules(model: torch.nn.Module, targets: Any) -> None:
-    """Every target names a linear layer of the model (peft's rule: a full name or its last parts)."""
+    """Every target names a linear layer of the model (peft's rule: a full name or its last parts).
+
+    Names only: peft reads a string as a regex over the full module names, and a regex from a file
+    is refused here (its match time is unbounded: ``(.|.)*Z`` holds the GIL for hours).
+    """
     linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    if isinstance(targets, str):  # peft: a regex over the full module name
-        if not any(re.fullmatch(targets, n) for n in linear):
-            raise WeightLoadError(f"{ADAPTER_CONFIG}: target_modules {targets!r} matches no linear layer")
-        return
-    if not isinstance(targets, list) or not targets:
-        raise WeightLoadError(f"{ADAPTER_CONFIG}: target_modules must be a non-empty list or a regex")
+    if isinstance(targets, str):
+        raise WeightLoadError(
+            f"{ADAPTER_CONFIG}: target_modules must be a list of module names, got the string "
+            f"{targets[:80]!r} (peft reads a string as a regex, which this server does not run); "
+            'save the adapter with target_modules=["q_proj", "v_proj", ...]'
+        )
+    if (
+        not isinstance(targets, list)
+        or not targets
+        or len(targets) > MAX_TARGET_MODULES
+        or not all(isinstance(t, str) and t for t in targets)
+    ):
+        raise WeightLoadError(
+            f"{ADAPTER_CONFIG}: target_modules must be a non-empty list of at most {MAX_TARGET_MODULES} "
+            "module names (strings)"
+        )
     missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in linear)]
     if missing:
         have = sorted({n.rsplit(".", 1)[-1] for n in linear})
@@ -103,19 +140,22 @@ def load_checked_adapter(
     model_path: str,
     *,
     max_rank: int | None = None,
+    roots: tuple[str, ...] = (),
 ) -> dict[str, torch.Tensor]:
     """Read, check and merge the adapter at ``model_path`` into ``base``; ``{param_name: tensor}`` to swap.
 
-    ``base``: the served model's parameters as it started (``name -> tensor``). Raises
+    ``base``: the served model's parameters as it started (``name -> tensor``). ``roots``: the server's
+    weights roots (files must resolve inside them; inside ``model_path`` when empty). Raises
     ``WeightLoadError`` naming the first problem; nothing is changed then.
     """
     adapter_dir = Path(model_path)
-    doc = read_adapter_config(adapter_dir)
+    allowed = allowed_dirs(adapter_dir, roots)
+    doc = read_adapter_config(adapter_dir, allowed)
     r = int(doc["r"])
     if max_rank is not None and r > max_rank:
         raise WeightLoadError(f"adapter rank {r} exceeds the server's max_lora_rank {max_rank}")
     check_target_modules(model, doc.get("target_modules"))
-    weights = adapter_dir / ADAPTER_WEIGHTS
+    weights = checked_file(adapter_dir, ADAPTER_WEIGHTS, allowed)
     if not weights.is_file():
         raise WeightLoadError(f"no {ADAPTER_WEIGHTS} in {adapter_dir} (adapters load from safetensors only)")
     try:
@@ -162,6 +202,11 @@ def load_checked_adapter(
             )
         if not (_all_finite(a) and _all_finite(b)):
             raise WeightLoadError(f"{name}: the adapter has NaN or inf values")
-        merged = w.float() + scale * (b.float() @ a.float())  # [out, in]
-        out[f"{name}.weight"] = merged.to(w.dtype)
+        merged = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)  # [out, in]
+        if not _all_finite(merged):  # finite A, B and alpha can still overflow the served dtype
+            raise WeightLoadError(
+                f"{name}: the merged weight (base + {scale:g} * B @ A) has NaN or inf values in "
+                f"{w.dtype}; the adapter's values or lora_alpha are too large"
+            )
+        out[f"{name}.weight"] = merged
     return out

@@ -39,6 +39,7 @@ from infra.cpu_server.adapters import is_adapter_dir, load_checked_adapter
 from infra.cpu_server.engine import Engine, EngineConfig, Sequence
 from infra.cpu_server.weights import WeightLoadError, load_checked_weights, read_config
 from rollflow.api.errors import InvalidRequestError
+from rollflow.inference.refusal_log import RefusalLog
 from rollflow.inference.sglang_protocol import (
     CONTINUE_OK,
     FLUSH_OK_TEXT,
@@ -55,6 +56,15 @@ from rollflow.inference.sglang_protocol import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def _strict_dumps(obj: Any) -> str:
+    """JSON with no bare NaN / Infinity (not JSON; clients choke on it): such a value is a server bug."""
+    return json.dumps(obj, allow_nan=False)
+
+
+def _reply(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=_strict_dumps)
 
 
 @dataclass
@@ -198,27 +208,32 @@ def _unsupported(sp: WireSamplingParams, item: Any) -> list[str]:
 def build_app(state: ServerState) -> web.Application:
     engine = state.engine
     api_key = state.args.api_key
+    refusals = RefusalLog(logger)  # one WARNING per client per minute: a caller cannot flood the log
 
     @web.middleware
     async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        client = request.remote or "unknown"
         if api_key and not request.path.startswith("/health"):
             auth = request.headers.get("Authorization", "")
             scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), api_key.encode()):
-                return web.json_response({"error": "Unauthorized"}, status=401)
+            # aiohttp decodes header bytes as UTF-8 with surrogateescape; encoding back the same way
+            # compares the bytes the client sent, and non-UTF-8 bytes are a wrong key, not a 500.
+            sent = token.encode("utf-8", "surrogateescape")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(sent, api_key.encode()):
+                refusals.refused(client, f"401 on {request.method} {request.path}: missing or wrong API key")
+                return _reply({"error": "Unauthorized"}, status=401)
         try:
             return await handler(request)
         except InvalidRequestError as e:
-            return web.json_response(error_body(str(e)), status=400)
+            refusals.refused(client, f"400 on {request.method} {request.path}: {e}")
+            return _reply(error_body(str(e)), status=400)
         except web.HTTPException as e:
             if e.status < 400:
                 raise
-            return web.json_response(
-                error_body(f"{e.reason}: {request.method} {request.path}"), status=e.status
-            )
+            return _reply(error_body(f"{e.reason}: {request.method} {request.path}"), status=e.status)
         except Exception as e:
             logger.exception("unhandled error on %s", request.path)
-            return web.json_response(error_body(f"internal error: {type(e).__name__}: {e}"), status=500)
+            return _reply(error_body(f"internal error: {type(e).__name__}: {e}"), status=500)
 
     async def generate(request: web.Request) -> web.Response:
         body = await _json_body(request)
@@ -240,7 +255,7 @@ def build_app(state: ServerState) -> web.Application:
                 prompts.append(it.input_ids)
         await state.unpaused.wait()  # paused: wait (SGLang blocks new requests until continue_generation)
         if state.shutting_down:
-            return web.json_response(error_body("server is shutting down"), status=503)
+            return _reply(error_body("server is shutting down"), status=503)
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = []
         for it, ids in zip(items, prompts, strict=True):
@@ -265,20 +280,20 @@ def build_app(state: ServerState) -> web.Application:
         for r in results:  # SGLang: an abort carrying an HTTP status (e.g. an engine error) is an HTTP error
             code = (r["meta_info"]["finish_reason"] or {}).get("status_code")
             if isinstance(code, int) and 400 <= code < 600:
-                return web.json_response(error_body(r["meta_info"]["finish_reason"]["message"]), status=code)
-        return web.json_response(results if is_batch else results[0])
+                return _reply(error_body(r["meta_info"]["finish_reason"]["message"]), status=code)
+        return _reply(results if is_batch else results[0])
 
     async def pause_generation(request: web.Request) -> web.Response:
         mode = parse_pause_mode(await _json_body(request))
         state.unpaused.clear()
         await asyncio.wrap_future(engine.pause(mode))
-        return web.json_response(PAUSE_OK)
+        return _reply(PAUSE_OK)
 
     async def continue_generation(request: web.Request) -> web.Response:
         await _json_body(request)
         await asyncio.wrap_future(engine.resume())
         state.unpaused.set()
-        return web.json_response(CONTINUE_OK)
+        return _reply(CONTINUE_OK)
 
     async def abort_request(request: web.Request) -> web.Response:
         rid, abort_all = parse_abort(await _json_body(request))
@@ -288,10 +303,16 @@ def build_app(state: ServerState) -> web.Application:
 
     async def update_weights_from_disk(request: web.Request) -> web.Response:
         req = UpdateWeightFromDiskReqInput.from_json(await _json_body(request))
+        try:
+            os.fsencode(req.model_path)
+        except UnicodeEncodeError:  # a lone surrogate from JSON "\ud800": no file has that name
+            raise InvalidRequestError(
+                "model_path is not a valid file name (unencodable characters)"
+            ) from None
         refused = outside_weights_roots(req.model_path, state.args.weights_roots)
         if refused is not None:
             logger.warning("weight update refused: %s", refused)
-            return web.json_response(
+            return _reply(
                 {
                     "success": False,
                     "message": f"Failed to get weights iterator: {refused}",
@@ -315,6 +336,7 @@ def build_app(state: ServerState) -> web.Application:
                         state.base_weights,  # type: ignore[arg-type]
                         req.model_path,
                         max_rank=state.args.max_lora_rank,
+                        roots=state.args.weights_roots,
                     )
                 else:
                     load = partial(
@@ -323,11 +345,12 @@ def build_app(state: ServerState) -> web.Application:
                         state.served_config,
                         req.model_path,
                         req.load_format,
+                        roots=state.args.weights_roots,
                     )
                 tensors = await asyncio.to_thread(load)
             except WeightLoadError as e:
                 logger.warning("weight update from %s refused: %s", req.model_path, e)
-                return web.json_response(
+                return _reply(
                     {
                         "success": False,
                         "message": f"Failed to get weights iterator: {e}",
@@ -343,14 +366,12 @@ def build_app(state: ServerState) -> web.Application:
                 )
             except Exception as e:
                 msg = f"Failed to update weights: {e}.\nRolling back to original weights."
-                return web.json_response(
-                    {"success": False, "message": msg, "num_paused_requests": 0}, status=400
-                )
+                return _reply({"success": False, "message": msg, "num_paused_requests": 0}, status=400)
             state.model_path = req.model_path
             if not adapter:
                 state.base_weights = None  # the base is gone from memory: no adapter can merge into it
             logger.info("weights from %s served in %.3fs", req.model_path, time.perf_counter() - t0)
-        return web.json_response(
+        return _reply(
             {
                 "success": True,
                 "message": update_weights_message(req.weight_version),
@@ -389,7 +410,7 @@ def build_app(state: ServerState) -> web.Application:
 
     async def get_model_info(request: web.Request) -> web.Response:
         cfg = state.served_config
-        return web.json_response(
+        return _reply(
             {
                 "model_path": state.model_path,
                 "served_model_name": state.args.served_model_name or state.model_path,
@@ -410,7 +431,7 @@ def build_app(state: ServerState) -> web.Application:
 
     async def get_server_info(request: web.Request) -> web.Response:
         a = state.args
-        return web.json_response(
+        return _reply(
             {
                 "model_path": state.model_path,
                 "tokenizer_path": a.model_path,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import random
 import threading
 import time
@@ -354,21 +355,37 @@ class Engine:
         return out.logits[:, -1, :].float()  # [B, V]
 
     def _sample(self, rows: list[Sequence], logits: torch.Tensor) -> None:
+        V = logits.shape[1]
         specs = []
         for s in rows:
             sp = s.sp
             banned: tuple[int, ...] = ()
             if len(s.output_ids) < sp.min_new_tokens:
                 banned = tuple(sp.stop_token_ids) + (() if sp.ignore_eos else self.cfg.eos_token_ids)
+                banned = tuple(t for t in banned if 0 <= t < V)  # an id outside [0, V) is never drawn
             u = (
                 seeded_uniform(sp.sampling_seed, s.n_tokens)
                 if sp.sampling_seed is not None
                 else self._rng.random()
             )
             specs.append(RowSampling(sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.is_greedy, u, banned))
-        tokens, lps = sample_rows(logits, specs)
+        try:
+            drawn: list[tuple[int, float] | None] = list(zip(*sample_rows(logits, specs), strict=True))
+        except Exception:  # one row's parameters must not fail the batch: find it, abort only it
+            drawn = [
+                self._sample_one(s, logits[i : i + 1], spec)
+                for i, (s, spec) in enumerate(zip(rows, specs, strict=True))
+            ]
         self._stats["generated_tokens"] += len(rows)
-        for s, t, lp in zip(rows, tokens, lps, strict=True):
+        for s, got in zip(rows, drawn, strict=True):
+            if got is None:
+                continue  # aborted by _sample_one
+            t, lp = got
+            if not math.isfinite(lp):  # never reply NaN: a model or parameter problem of this row only
+                s.finish = finish_abort(
+                    f"the model gave a non-finite logprob ({lp}) for token {t}; request aborted", 500
+                )
+                continue
             s.output_ids.append(t)
             s.output_logprobs.append(lp)
             sp = s.sp
@@ -379,6 +396,16 @@ class Engine:
                 s.finish = finish_length(sp.max_new_tokens)
             if s.finish is None and s.n_tokens >= self.cfg.context_len:
                 s.finish = finish_length(len(s.output_ids))
+
+    def _sample_one(self, s: Sequence, logits: torch.Tensor, spec: RowSampling) -> tuple[int, float] | None:
+        """Sample one row alone (after the batch failed); a row that still fails is aborted (400)."""
+        try:
+            tokens, lps = sample_rows(logits, [spec])
+        except Exception as e:
+            logger.warning("sampling failed for rid %s, aborting it alone: %s", s.rid, e)
+            s.finish = finish_abort(f"sampling failed for this request: {type(e).__name__}: {e}", 400)
+            return None
+        return tokens[0], lps[0]
 
     def _remove(self, seqs: list[Sequence]) -> None:
         """Take ``seqs`` out of the running rows, keeping rows contiguous (the last row fills each hole)."""

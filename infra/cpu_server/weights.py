@@ -14,6 +14,13 @@ file again, so GC deleting it, or anything changing it after verification, canno
 full-size boolean mask is allocated). That is about what ``safetensors.load_file`` +
 ``load_state_dict`` costs, and the swap itself copies nothing.
 
+Every file it opens (config.json, the index, each shard, ``model.safetensors``) is checked after
+``os.path.realpath``: it must lie inside the allowed directories (the server's weights roots, or the
+checkpoint directory itself when the server has none), so neither an index whose ``weight_map`` names
+``/elsewhere/x.safetensors`` or ``../x.safetensors`` nor a symlink can make the server serve tensors
+from outside. The check runs before anything is opened or tested for existence, and the refusal names
+only the file inside the checkpoint, so the error never tells whether an outside path exists.
+
 What it is not: no checksum verification (the watcher verifies every file against COMMIT.json before it
 asks for the load; the directory may be the store's own on a local root), no pickle
 (``pytorch_model.bin`` is refused), no dtype policy beyond casting to the served dtype, no remote paths.
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +52,28 @@ class WeightLoadError(Exception):
     """The checkpoint cannot be served; the message says which file or field and why."""
 
 
-def read_config(model_dir: Path) -> dict[str, Any]:
-    path = model_dir / "config.json"
+def allowed_dirs(model_dir: Path, roots: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The real paths a checkpoint's files may resolve into: the weights roots, else the directory itself."""
+    return tuple(os.path.realpath(r) for r in (roots or (str(model_dir),)))
+
+
+def checked_file(model_dir: Path, name: str, allowed: tuple[str, ...]) -> Path:
+    """``model_dir / name`` if it stays inside ``allowed`` after resolution (``..``, absolute names and
+    symlinks included); else ``WeightLoadError`` naming only ``name``, before the target is looked at."""
+    if not name or os.path.isabs(name) or ".." in Path(name).parts or "\x00" in name:
+        raise WeightLoadError(f"{name!r} is not a file name inside the checkpoint directory; refused")
+    path = model_dir / name
+    real = os.path.realpath(path)
+    if not any(real == a or real.startswith(a.rstrip(os.sep) + os.sep) for a in allowed):
+        raise WeightLoadError(
+            f"{name} in the checkpoint resolves outside the directories this server loads from "
+            "(a symlink out of the checkpoint); refused"
+        )
+    return path
+
+
+def read_config(model_dir: Path, allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
+    path = model_dir / "config.json" if allowed is None else checked_file(model_dir, "config.json", allowed)
     if not path.is_file():
         raise WeightLoadError(f"no config.json in {model_dir}")
     try:
@@ -68,19 +96,22 @@ def check_config_matches(served: dict[str, Any], new: dict[str, Any]) -> None:
         raise WeightLoadError("config.json does not match the served model: " + "; ".join(diffs))
 
 
-def _safetensors_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
+def _safetensors_files(model_dir: Path, allowed: tuple[str, ...]) -> list[Path]:
+    index = checked_file(model_dir, "model.safetensors.index.json", allowed)
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise WeightLoadError(f"{index.name} is unreadable: {e}") from e
-        files = sorted({model_dir / f for f in weight_map.values()})
+            shards = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+            raise WeightLoadError(f"{index.name} is unreadable: {type(e).__name__}: {e}") from None
+        if not shards or not all(isinstance(f, str) for f in shards):
+            raise WeightLoadError(f"{index.name}: weight_map must map tensor names to shard file names")
+        files = [checked_file(model_dir, f, allowed) for f in shards]  # before any existence test
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise WeightLoadError(f"{index.name} names missing shard(s) {missing}")
         return files
-    single = model_dir / "model.safetensors"
+    single = checked_file(model_dir, "model.safetensors", allowed)
     if single.is_file():
         return [single]
     if any(model_dir.glob("*.bin")):
@@ -91,11 +122,17 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
 
 
 def load_checked_weights(
-    model: torch.nn.Module, served_config: dict[str, Any], model_path: str, load_format: str | None = None
+    model: torch.nn.Module,
+    served_config: dict[str, Any],
+    model_path: str,
+    load_format: str | None = None,
+    *,
+    roots: tuple[str, ...] = (),
 ) -> dict[str, torch.Tensor]:
     """Read and verify every tensor of ``model_path``; returns ``{param_name: tensor}`` ready to swap.
 
-    Raises ``WeightLoadError`` naming the first problem. Copies the whole checkpoint into private memory
+    ``roots``: the server's weights roots; every file must resolve inside one of them (inside
+    ``model_path`` itself when empty). Raises ``WeightLoadError`` naming the first problem. Copies the whole checkpoint into private memory
     (about one model's worth, in the served dtype), which is what keeps the swap itself pointer moves.
     """
     if load_format not in (None, "auto", "safetensors"):
@@ -103,10 +140,11 @@ def load_checked_weights(
     model_dir = Path(model_path)
     if not model_dir.is_dir():
         raise WeightLoadError(f"model_path {model_path!r} is not a directory")
-    check_config_matches(served_config, read_config(model_dir))
+    allowed = allowed_dirs(model_dir, roots)
+    check_config_matches(served_config, read_config(model_dir, allowed))
 
     tensors: dict[str, torch.Tensor] = {}
-    for f in _safetensors_files(model_dir):
+    for f in _safetensors_files(model_dir, allowed):
         try:
             tensors.update(load_file(str(f), device="cpu"))
         except Exception as e:  # safetensors raises its own error types on truncated / corrupt files

@@ -48,6 +48,8 @@ class UpdateWeightFromDiskReqInput:
         path = body.get("model_path")
         if not isinstance(path, str) or not path:
             raise _bad("model_path is required and must be a non-empty string")
+        if "\x00" in path:  # no file system takes it; os.path calls would raise ValueError (a 500)
+            raise _bad("model_path must not contain a NUL byte (\\x00)")
         out = cls(model_path=path)
         for key in _UPDATE_BOOL_KEYS:
             v = body.get(key)

@@ -189,9 +189,12 @@ def parse_generate_request(
     if isinstance(raw_sp, list):
         if len(raw_sp) != n:
             raise _bad(f"sampling_params has {len(raw_sp)} entries for {n} prompts")
-        sps = [parse_sampling_params(s, where=f"sampling_params[{i}]") for i, s in enumerate(raw_sp)]
+        sps = [
+            parse_sampling_params(s, where=f"sampling_params[{i}]", vocab_size=vocab_size)
+            for i, s in enumerate(raw_sp)
+        ]
     else:
-        sp = parse_sampling_params(raw_sp)
+        sp = parse_sampling_params(raw_sp, vocab_size=vocab_size)
         sps = [sp] * n
 
     def per_item(key: str, default: Any, check: Any, what: str) -> list[Any]:

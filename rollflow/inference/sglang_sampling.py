@@ -4,6 +4,12 @@ What it is: ``WireSamplingParams`` (one request's sampling parameters after SGLa
 ``parse_sampling_params`` (SGLang's ``SamplingParams.verify`` rules, with its error messages), from
 ``sglang/srt/sampling/sampling_params.py``. The CPU server parses requests with it; the client sends
 plain dicts it accepts.
+
+Beyond SGLang's rules, every number must fit the float32 the sampler computes in (|x| <= FLOAT32_MAX:
+a temperature of 1e39 is a finite double but inf in float32, and would make every logprob NaN), and
+``stop_token_ids`` must be token ids of the model (``0 <= id < vocab_size`` when the vocabulary is
+known; a negative id would silently ban the wrong token, a huge one would fail inside the engine).
+Each refusal is an ``InvalidRequestError`` (a 400) naming the field.
 What it is not: the ``/generate`` request around it (``rollflow.inference.sglang_protocol``) or a
 sampler (the CPU server's engine samples).
 """
@@ -18,6 +24,9 @@ from rollflow.api.errors import InvalidRequestError
 
 TOP_K_ALL = 1 << 30  # SGLang's "whole vocabulary" top_k
 SAMPLING_EPS = 1e-6  # temperature below this means greedy (SGLang: top_k=1, temperature=1)
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: the sampler computes in float32
+_FLOAT32_WHAT = f"a finite number within float32 range (|x| <= {FLOAT32_MAX:.4g})"
+MAX_TOKEN_ID = 2**31 - 1  # token ids are int32 on every engine; the bound when the vocabulary is unknown
 
 # sampling_params keys SGLang 0.5.23 accepts (an unknown key is a TypeError there, a 400 here).
 SAMPLING_KEYS = frozenset(
@@ -32,6 +41,12 @@ SAMPLING_KEYS = frozenset(
 
 
 _bad = InvalidRequestError
+
+
+def _short(v: Any, limit: int = 80) -> str:
+    """``repr(v)`` cut to ``limit`` characters: an error message never echoes a whole hostile body."""
+    r = repr(v)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 def is_int(x: Any) -> bool:
@@ -85,8 +100,20 @@ class WireSamplingParams:
         return out
 
 
-def parse_sampling_params(raw: Any, *, where: str = "sampling_params") -> WireSamplingParams:
-    """Check one ``sampling_params`` dict with SGLang's rules (``SamplingParams.verify``) and normalise it."""
+def is_float32(x: Any) -> bool:
+    """A JSON number that is finite in float32 (what the sampler computes in): not NaN, |x| <= FLOAT32_MAX."""
+    if is_int(x):
+        return abs(x) <= FLOAT32_MAX  # exact for any int; math.isfinite(10**400) raises OverflowError
+    return is_number(x) and math.isfinite(x) and abs(x) <= FLOAT32_MAX
+
+
+def parse_sampling_params(
+    raw: Any, *, where: str = "sampling_params", vocab_size: int | None = None
+) -> WireSamplingParams:
+    """Check one ``sampling_params`` dict with SGLang's rules (``SamplingParams.verify``) and normalise it.
+
+    ``vocab_size``: the served model's vocabulary; ``stop_token_ids`` must lie in ``[0, vocab_size)``.
+    """
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -99,11 +126,11 @@ def parse_sampling_params(raw: Any, *, where: str = "sampling_params") -> WireSa
         v = raw.get(key)
         v = default if v is None else v
         if not ok(v):
-            raise _bad(f"{where}.{key} must be {what}, got {v!r}")
+            raise _bad(f"{where}.{key} must be {what}, got {_short(v)}")
         return v
 
     def number(key: str, default: float) -> float:
-        return float(typed(key, default, lambda v: is_number(v) and math.isfinite(v), "a finite number"))
+        return float(typed(key, default, is_float32, _FLOAT32_WHAT))
 
     def integer(key: str, default: int) -> int:
         return int(typed(key, default, is_int, "an integer"))
@@ -133,7 +160,15 @@ def parse_sampling_params(raw: Any, *, where: str = "sampling_params") -> WireSa
     ids = raw.get("stop_token_ids")
     if ids is not None:
         if not isinstance(ids, list) or not all(is_int(t) for t in ids):
-            raise _bad(f"{where}.stop_token_ids must be a list of integers, got {ids!r}")
+            raise _bad(f"{where}.stop_token_ids must be a list of integers, got {_short(ids)}")
+        hi = vocab_size if vocab_size is not None else MAX_TOKEN_ID + 1
+        for i, t in enumerate(ids):
+            if not 0 <= t < hi:
+                bound = f"vocab_size {vocab_size}" if vocab_size is not None else "2**31"
+                raise _bad(
+                    f"{where}.stop_token_ids[{i}] = {_short(t)} is not a token id of this model; "
+                    f"valid range is [0, {bound})."
+                )
         p.stop_token_ids = sorted({int(t) for t in ids})
     seed = raw.get("sampling_seed")
     if seed is not None:
@@ -144,8 +179,8 @@ def parse_sampling_params(raw: Any, *, where: str = "sampling_params") -> WireSa
         p.sampling_seed = int(seed)
     bias = raw.get("logit_bias")
     if bias is not None:
-        if not isinstance(bias, dict) or not all(is_number(v) for v in bias.values()):
-            raise _bad(f"{where}.logit_bias must be an object {{token_id: number}}")
+        if not isinstance(bias, dict) or not all(is_float32(v) for v in bias.values()):
+            raise _bad(f"{where}.logit_bias must be an object {{token_id: finite float32 number}}")
         p.logit_bias = {str(k): float(v) for k, v in bias.items()}
     p.constrained = any(raw.get(k) for k in ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex"))
 
