@@ -21,6 +21,11 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: install demo test test-fast lint format docs bench bench-peer clean
 
+# Headless Chromium for the trajectory viewer's browser tests (tests/trajectories): Debian's package.
+browser:
+	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core)
+.PHONY: browser
+
 # Where torch comes from. Empty: the default index (here it serves the CPU wheel). On a machine whose
 # default index serves the CUDA build (a stock Linux box: gigabytes), ask for the CPU wheel:
 #   make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -45,7 +50,7 @@ DEMO_CONFIG ?= configs/tiny_hard.yaml
 demo: install  ## bootstrap the tiny model and run async GRPO on the embedded default
 	$(PY) -m flows.async_rl --config $(DEMO_CONFIG) $(ARGS)
 
-test: install trl-venv vllm-venv  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
+test: install trl-venv vllm-venv browser  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
 	$(VENV)/bin/pytest -q -ra --durations=25 $(PYTEST_ARGS)
 
 test-fast: install

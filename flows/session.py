@@ -9,6 +9,7 @@ What it is: a thin front over the same flows the CLI and the deployments run (``
     summary = run.train()        # the async-rl flow, in this process (a private Prefect API if none is set)
     run.evaluate()               # score the latest checkpoint on the held-out rows
     run.trajectories(limit=8)    # the newest trajectories, read from the Parquet shards
+    run.query("SELECT * FROM per_version")  # SQL over every committed rollout (docs/trajectories.md)
     run.submit()                 # or: hand the same settings to the `async-rl/local` deployment
 
 It only turns Python objects into an ``ExperimentConfig``; there is no second code path:
@@ -319,6 +320,15 @@ class RLRun:
         except ImportError:
             return rows
         return pd.DataFrame(rows)
+
+    def query(self, sql: str, params: list[Any] | None = None) -> pd.DataFrame:
+        """SQL over this run's committed trajectories, as a DataFrame (views: docs/trajectories.md), e.g.
+        ``run.query("SELECT version, reward_mean, staleness_mean FROM per_version")``."""
+        if self.trial is None:
+            raise SessionError("this RLRun has no trial yet: call train() first, or pass trial=")
+        from rollflow.viewer.trial import query_trial
+
+        return query_trial(self._cfg(), sql, params).to_pandas()
 
     def submit(self, deployment: str = "async-rl/local", *, wait: bool = False) -> FlowRun:
         """Start a run of ``deployment`` with these settings; returns the flow run (finished if ``wait``)."""

@@ -69,6 +69,7 @@ def finish_tracking(
     """Log the run's artifacts, then register the policy if the gate says so; returns summary fields."""
     from rollflow.rollout.inspect import sample_trajectories
     from rollflow.tracking.registry_gate import apply_registry_gate
+    from rollflow.viewer.trial import trajectory_report
 
     tracker.log_dict({k: v for k, v in summary.items()}, "summary.json")
     tracker.log_table(parts["after"]["rows"][:100], "eval/after.json")
@@ -76,6 +77,7 @@ def finish_tracking(
     storage = open_trial_storage(cfg)
     samples = sample_trajectories(storage, cfg.model.path, limit=cfg.tracking.n_sample_trajectories)
     tracker.log_table(samples, "trajectories/samples.json")
+    tracker.log_html(trajectory_report(cfg), "trajectories/viewer.html")  # the viewer's page, last versions
     table_artifact(samples[:20], key="sample-trajectories", description="Decoded sample trajectories")
     tracker.log_curves_png()
     if parts.get("timing", {}).get("doc"):

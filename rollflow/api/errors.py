@@ -129,3 +129,7 @@ class EpisodeLimitError(RollflowError):
     def __init__(self, reason: str, message: str) -> None:
         self.reason = reason
         super().__init__(message)
+
+
+class ViewerInputError(RollflowError, ValueError):
+    """A trajectory-viewer request parameter that cannot be used (a bad version range, a non-numeric reward)."""

@@ -259,6 +259,12 @@ class MlflowTracker:
             {"columns": columns, "data": [[r.get(k) for k in columns] for r in rows]}, artifact_file
         )
 
+    def log_html(self, page: str, artifact_file: str) -> None:
+        """A self-contained HTML page as an artifact: MLflow's UI shows ``.html`` artifacts rendered (in a
+        sandboxed frame), e.g. the trajectory viewer's ``trajectories/viewer.html``."""
+        if self.run_id is not None and page:
+            self.client.log_text(self.run_id, page, artifact_file)
+
     def log_curves_png(self, artifact_file: str = "plots/reward_accuracy.png") -> None:
         """Plot reward_mean per step and eval accuracy per version from the run's whole metric history
         (so a resumed run draws the full curve, not only the steps of its last process)."""

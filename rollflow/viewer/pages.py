@@ -1,0 +1,510 @@
+"""The trajectory viewer's pages, built from SQL over the committed shards (``storage.query``).
+
+What it is: ``Pages(query, decoder)`` renders, each from a few parameterised queries (no user SQL):
+
+- ``overview()``: the run at a glance: reward, completion length, staleness and the share of groups
+  with a learning signal per version (charts and a table), and the filter form;
+- ``trajectories(TrajectoryFilter)``: rows filtered by version range, reward range, prompt (its id, or
+  a substring of its decoded text) and finish reason, newest first, a page at a time;
+- ``trajectory(traj_id)``: one row's prompt and completion tokens, coloured by the policy version that
+  produced each token and, below, by its behaviour logprob (``html``), with its group's other rows;
+- ``prompt(prompt_id)``: one prompt's answers version by version (how the policy's answer changed);
+- ``static_report(...)``: the same overview plus the last versions' trajectories and prompt
+  comparisons as one self-contained page with in-page links (the MLflow artifact).
+
+Text is decoded with the run's tokenizer when one is given (else token ids are shown) and every piece
+goes through ``html.esc``. What it is not: HTTP (``server``) or data access beyond the views.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from rollflow.api.errors import ViewerInputError
+from rollflow.viewer import html as H
+from storage.query import TrajectoryQuery
+
+LIST_COLUMNS = (
+    "traj_id, group_id, prompt_id, version, tail_version, reward, finish_reason, n_turns, "
+    "prompt_ids, completion_ids, created_at"
+)
+MAX_LIMIT = 500
+
+
+def _num(params: Mapping[str, str], name: str, kind: type) -> Any:
+    raw = params.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ViewerInputError(
+            f"{name}={raw!r} is not a{'n integer' if kind is int else ' number'}"
+        ) from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ViewerInputError(f"{name}={raw!r} must be finite")
+    return value
+
+
+@dataclass(frozen=True)
+class TrajectoryFilter:
+    """Which rows the list shows; a None condition passes everything."""
+
+    min_version: int | None = None
+    max_version: int | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    prompt: str | None = None  # a prompt id, or a substring of the decoded prompt
+    finish: str | None = None  # a finish reason (stop, length, abort)
+    limit: int = 50
+    offset: int = 0
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> TrajectoryFilter:
+        """From query-string values; ``version`` is V, LO:HI, LO: or :HI. ViewerInputError says what is wrong."""
+        lo = hi = None
+        text = params.get("version", "").strip()
+        if text:
+            a, sep, b = text.partition(":")
+            try:
+                lo = int(a) if a else None
+                hi = (int(b) if b else None) if sep else lo
+            except ValueError:
+                raise ViewerInputError(
+                    f"version={text!r}: write V, LO:HI, LO: or :HI with integers"
+                ) from None
+        limit = _num(params, "limit", int)
+        offset = _num(params, "offset", int)
+        if limit is not None and not 1 <= limit <= MAX_LIMIT:
+            raise ViewerInputError(f"limit={limit} must be between 1 and {MAX_LIMIT}")
+        if offset is not None and offset < 0:
+            raise ViewerInputError(f"offset={offset} must be >= 0")
+        return cls(
+            min_version=lo,
+            max_version=hi,
+            min_reward=_num(params, "min_reward", float),
+            max_reward=_num(params, "max_reward", float),
+            prompt=params.get("prompt", "").strip() or None,
+            finish=params.get("finish", "").strip() or None,
+            limit=limit or 50,
+            offset=offset or 0,
+        )
+
+    def where(self, *, can_decode: bool) -> tuple[str, list[Any]]:
+        """A SQL condition with ``?`` parameters."""
+        cond, args = ["true"], []
+        for sql, value in (
+            ("version >= ?", self.min_version),
+            ("version <= ?", self.max_version),
+            ("reward >= ?", self.min_reward),
+            ("reward <= ?", self.max_reward),
+            ("finish_reason = ?", self.finish),
+        ):
+            if value is not None:
+                cond.append(sql)
+                args.append(value)
+        if self.prompt is not None:
+            if can_decode:
+                cond.append("(prompt_id = ? OR contains(decode(prompt_ids), ?))")
+                args += [self.prompt, self.prompt]
+            else:
+                cond.append("prompt_id = ?")
+                args.append(self.prompt)
+        return " AND ".join(cond), args
+
+    def params(self, **change: Any) -> dict[str, str]:
+        version = ""
+        if self.min_version is not None or self.max_version is not None:
+            if self.min_version == self.max_version:
+                version = str(self.min_version)
+            else:
+                version = f"{'' if self.min_version is None else self.min_version}:{'' if self.max_version is None else self.max_version}"
+        values = {
+            "version": version,
+            "min_reward": "" if self.min_reward is None else repr(self.min_reward),
+            "max_reward": "" if self.max_reward is None else repr(self.max_reward),
+            "prompt": self.prompt or "",
+            "finish": self.finish or "",
+            "limit": str(self.limit),
+            "offset": str(self.offset),
+        }
+        values.update({k: str(v) for k, v in change.items()})
+        return {k: v for k, v in values.items() if v}
+
+
+class Links:
+    """Where a page links to: the server's routes (``StaticLinks``: anchors inside one page)."""
+
+    def home(self) -> str:
+        return "/"
+
+    def trajectories(self, **params: str) -> str:
+        return "/trajectories?" + urlencode(params)
+
+    def trajectory(self, traj_id: str) -> str:
+        return "/trajectory?" + urlencode({"id": traj_id})
+
+    def prompt(self, prompt_id: str) -> str:
+        return "/prompt?" + urlencode({"id": prompt_id})
+
+
+class StaticLinks(Links):
+    def home(self) -> str:
+        return "#top"
+
+    def trajectories(self, **params: str) -> str:
+        return "#v" + quote(params.get("version", ""), safe="")
+
+    def trajectory(self, traj_id: str) -> str:
+        return "#t-" + quote(traj_id, safe="")
+
+    def prompt(self, prompt_id: str) -> str:
+        return "#p-" + quote(prompt_id, safe="")
+
+
+class Pages:
+    """Renders the viewer's pages for one trial (module docstring)."""
+
+    def __init__(
+        self, query: TrajectoryQuery, decoder: Any = None, *, title: str, links: Links | None = None
+    ) -> None:
+        self.query = query
+        self.decoder = decoder
+        self.title = title
+        self.links = links or Links()
+
+    # --- text -----------------------------------------------------------------------------------------
+
+    def text(self, ids: Sequence[int]) -> str:
+        if self.decoder is None:
+            return " ".join(str(i) for i in ids)
+        return self.decoder.decode(list(ids), skip_special_tokens=False)
+
+    def piece(self, token_id: int) -> str:
+        if self.decoder is None:
+            return f"{token_id} "
+        return self.decoder.decode([token_id], skip_special_tokens=False)
+
+    def _nav(self) -> str:
+        return (
+            f'<nav><a href="{H.esc(self.links.home())}">overview</a>'
+            f'<a href="{H.esc(self.links.trajectories())}">trajectories</a></nav>'
+        )
+
+    def _page(self, title: str, body: str) -> str:
+        return H.page(title, body, nav=self._nav())
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        return self.query.sql(sql, list(params)).to_pylist()
+
+    def _version_range(self) -> tuple[int, int]:
+        r = self._rows("SELECT min(min_head_version) AS lo, max(max_head_version) AS hi FROM commits")[0]
+        lo, hi = r["lo"], r["hi"]
+        return (max(0, lo) if lo is not None else 0), (hi if hi is not None else 0)
+
+    # --- overview -------------------------------------------------------------------------------------
+
+    def glance(self, per_version: list[dict[str, Any]], *, table_rows: int = 50) -> str:
+        """Charts and the per-version table (newest first, at most ``table_rows`` rows)."""
+        if not per_version:
+            return '<p class="muted">no committed trajectories yet</p>'
+        xs = [r["version"] for r in per_version]
+        charts = "".join(
+            H.line_chart(xs, [r[key] for r in per_version], title=title)
+            for key, title in (
+                ("reward_mean", "reward mean per version"),
+                ("completion_tokens_mean", "completion tokens per version"),
+                ("staleness_mean", "staleness when trained"),
+                ("signal_frac", "groups with reward spread"),
+            )
+        )
+        groups = sum(r["groups"] for r in per_version)
+        rows_n = sum(r["trajectories"] for r in per_version)
+        summary = (
+            f"<p>{len(per_version)} versions (v{xs[0]}..v{xs[-1]}), {groups} groups, {rows_n} trajectories "
+            f'<span class="muted">(committed shards only)</span></p>'
+        )
+        rows = []
+        for r in per_version[::-1][:table_rows]:
+            reasons = ", ".join(f"{H.esc(k)} {v}" for k, v in sorted(dict(r["finish_reasons"] or []).items()))
+            link = self.links.trajectories(version=str(r["version"]))
+            rows.append(
+                [
+                    f'<a href="{H.esc(link)}">v{r["version"]}</a>',
+                    H.fmt(r["groups"]),
+                    H.fmt(r["trajectories"]),
+                    H.fmt(r["reward_mean"]),
+                    H.fmt(r["signal_frac"], 2),
+                    H.fmt(r["completion_tokens_mean"], 1),
+                    H.fmt(r["staleness_mean"], 2),
+                    H.fmt(r["staleness_max"]),
+                    reasons,
+                ]
+            )
+        headers = [
+            "version",
+            "groups",
+            "rows",
+            "reward",
+            "signal",
+            "completion",
+            "staleness",
+            "max stale",
+            "finish",
+        ]
+        more = (
+            f'<p class="muted">newest {table_rows} of {len(per_version)} versions shown</p>'
+            if len(per_version) > table_rows
+            else ""
+        )
+        return summary + f'<div class="charts">{charts}</div>' + H.table(headers, rows, left=(8,)) + more
+
+    def _filter_form(self, f: TrajectoryFilter) -> str:
+        p = f.params()
+
+        def box(name: str, label: str) -> str:
+            return f'<label>{H.esc(label)} <input name="{name}" value="{H.esc(p.get(name, ""))}"></label>'
+
+        return (
+            '<form class="filters" method="get" action="/trajectories">'
+            + box("version", "version (V or LO:HI)")
+            + box("min_reward", "reward >=")
+            + box("max_reward", "reward <=")
+            + box("prompt", "prompt (id or text)")
+            + box("finish", "finish reason")
+            + '<button type="submit">show</button></form>'
+        )
+
+    def overview(self, *, all_versions: bool = False) -> str:
+        per_version = self._rows("SELECT * FROM per_version")
+        body = self.glance(per_version, table_rows=len(per_version) if all_versions else 50)
+        prompt_form = (
+            '<form class="filters" method="get" action="/prompt"><label>compare one prompt across versions: '
+            'prompt id <input name="id"></label><button type="submit">compare</button></form>'
+        )
+        return self._page(
+            self.title,
+            "<h2>Filter trajectories</h2>"
+            + self._filter_form(TrajectoryFilter())
+            + prompt_form
+            + "<h2>The run at a glance</h2>"
+            + body,
+        )
+
+    # --- lists ----------------------------------------------------------------------------------------
+
+    def _list_rows(self, rows: list[dict[str, Any]]) -> str:
+        out = []
+        for r in rows:
+            versions = (
+                f"v{r['version']}"
+                if r["version"] == r["tail_version"]
+                else f"v{r['version']}-{r['tail_version']}"
+            )
+            out.append(
+                [
+                    f'<a href="{H.esc(self.links.trajectory(r["traj_id"]))}">{versions}</a>',
+                    H.fmt(r["reward"]),
+                    H.esc(r["finish_reason"]),
+                    f'<a href="{H.esc(self.links.prompt(r["prompt_id"]))}">{H.esc(r["prompt_id"])}</a>',
+                    f'<div class="text">{H.esc(self.text(r["prompt_ids"])[-300:])}</div>',
+                    f'<div class="text">{H.esc(self.text(r["completion_ids"]))}</div>',
+                ]
+            )
+        return H.table(
+            ["version", "reward", "finish", "prompt id", "prompt (end)", "completion"], out, left=(2, 3, 4, 5)
+        )
+
+    def trajectories(self, f: TrajectoryFilter) -> str:
+        cond, args = f.where(can_decode=self.decoder is not None and self.query.decode is not None)
+        rows = self._rows(
+            f"SELECT {LIST_COLUMNS} FROM trajectories WHERE {cond} "
+            "ORDER BY created_at DESC, traj_id LIMIT ? OFFSET ?",
+            [*args, f.limit + 1, f.offset],
+        )
+        more = len(rows) > f.limit
+        rows = rows[: f.limit]
+        pager = []
+        if f.offset > 0:
+            prev = self.links.trajectories(**f.params(offset=max(0, f.offset - f.limit)))
+            pager.append(f'<a href="{H.esc(prev)}">newer</a>')
+        if more:
+            nxt = self.links.trajectories(**f.params(offset=f.offset + f.limit))
+            pager.append(f'<a href="{H.esc(nxt)}">older</a>')
+        shown = (
+            f"<p>rows {f.offset + 1}..{f.offset + len(rows)}, newest first {' '.join(pager)}</p>"
+            if rows
+            else '<p class="muted">no committed trajectory matches the filters</p>'
+        )
+        return self._page(
+            f"{self.title}: trajectories",
+            self._filter_form(f) + shown + (self._list_rows(rows) if rows else ""),
+        )
+
+    # --- one trajectory -------------------------------------------------------------------------------
+
+    def tokens(self, row: Mapping[str, Any]) -> list[H.Token]:
+        return [
+            H.Token(self.piece(t), t, v, lp, m == 1)
+            for t, v, lp, m in zip(
+                row["input_ids"], row["versions"], row["logprobs"], row["loss_mask"], strict=True
+            )
+        ]
+
+    def trajectory_body(self, row: Mapping[str, Any], vmin: int, vmax: int) -> str:
+        toks = self.tokens(row)
+        meta = H.table(
+            [
+                "traj id",
+                "group",
+                "prompt id",
+                "versions",
+                "reward",
+                "finish",
+                "turns",
+                "tokens (prompt + completion)",
+                "writer",
+            ],
+            [
+                [
+                    H.esc(row["traj_id"]),
+                    H.esc(row["group_id"]),
+                    f'<a href="{H.esc(self.links.prompt(row["prompt_id"]))}">{H.esc(row["prompt_id"])}</a>',
+                    f"v{row['version']}..v{row['tail_version']}",
+                    H.fmt(row["reward"]),
+                    H.esc(row["finish_reason"]),
+                    H.fmt(row["n_turns"]),
+                    f"{row['prompt_tokens']} + {row['completion_tokens']}",
+                    H.esc(row["writer"]),
+                ]
+            ],
+            left=(0, 1, 2, 8),
+        )
+        return (
+            meta
+            + "<h2>Tokens by policy version</h2>"
+            + H.version_legend(vmin, vmax)
+            + H.token_strip(toks, by="version", vmin=vmin, vmax=vmax)
+            + "<h2>Tokens by behaviour logprob</h2>"
+            + H.logprob_legend()
+            + H.token_strip(toks, by="logprob", vmin=vmin, vmax=vmax)
+        )
+
+    def trajectory(self, traj_id: str) -> str | None:
+        """The page of one row, or None if no committed row has that id."""
+        rows = self._rows("SELECT * FROM trajectories WHERE traj_id = ? LIMIT 1", [traj_id])
+        if not rows:
+            return None
+        row = rows[0]
+        vmin, vmax = self._version_range()
+        group = self._rows(
+            "SELECT traj_id, reward, finish_reason, completion_tokens, completion_ids FROM trajectories "
+            "WHERE group_id = ? ORDER BY traj_id",
+            [row["group_id"]],
+        )
+        sib = [
+            [
+                f'<a href="{H.esc(self.links.trajectory(g["traj_id"]))}">{H.esc(g["traj_id"])}</a>',
+                H.fmt(g["reward"]),
+                H.esc(g["finish_reason"]),
+                f'<div class="text">{H.esc(self.text(g["completion_ids"]))}</div>',
+            ]
+            for g in group
+        ]
+        body = (
+            self.trajectory_body(row, vmin, vmax)
+            + "<h2>Its group</h2>"
+            + H.table(["traj id", "reward", "finish", "completion"], sib, left=(0, 3))
+        )
+        return self._page(f"{self.title}: trajectory", body)
+
+    # --- one prompt across versions -------------------------------------------------------------------
+
+    def prompt_body(self, rows: list[dict[str, Any]], *, per_version: int = 8) -> str:
+        by_version: dict[int, list[dict[str, Any]]] = {}
+        for r in rows:
+            by_version.setdefault(r["version"], []).append(r)
+        summary = [
+            [f"v{v}", H.fmt(len(rs)), H.fmt(sum(r["reward"] for r in rs) / len(rs))]
+            for v, rs in sorted(by_version.items())
+        ]
+        parts = [f'<h2>Prompt</h2><div class="strip">{H.esc(self.text(rows[0]["prompt_ids"]))}</div>']
+        parts.append(H.table(["version", "answers", "reward mean"], summary))
+        for v, rs in sorted(by_version.items()):
+            mean = sum(r["reward"] for r in rs) / len(rs)
+            answers = [
+                [
+                    f'<a href="{H.esc(self.links.trajectory(r["traj_id"]))}">{H.fmt(r["reward"])}</a>',
+                    H.esc(r["finish_reason"]),
+                    f'<div class="text">{H.esc(self.text(r["completion_ids"]))}</div>',
+                ]
+                for r in rs[:per_version]
+            ]
+            parts.append(f"<h2>v{v}: reward mean {mean:.3f}, {len(rs)} answers</h2>")
+            parts.append(H.table(["reward", "finish", "answer"], answers, left=(2,)))
+        return "".join(parts)
+
+    def prompt_rows(self, prompt_id: str) -> list[dict[str, Any]]:
+        return self._rows(
+            "SELECT traj_id, version, reward, finish_reason, prompt_ids, completion_ids FROM trajectories "
+            "WHERE prompt_id = ? ORDER BY version, created_at, traj_id",
+            [prompt_id],
+        )
+
+    def prompt(self, prompt_id: str) -> str | None:
+        """One prompt's answers, version by version; None if no committed row has that prompt id."""
+        rows = self.prompt_rows(prompt_id)
+        if not rows:
+            return None
+        return self._page(f"{self.title}: prompt {prompt_id}", self.prompt_body(rows))
+
+
+def static_report(
+    query: TrajectoryQuery,
+    decoder: Any = None,
+    *,
+    title: str,
+    last_versions: int = 5,
+    rows_per_version: int = 6,
+    prompts: int = 4,
+) -> str:
+    """One self-contained page: the run at a glance, then the last versions' trajectories (tokens coloured
+    by version and logprob) and a few prompts compared across those versions (module docstring)."""
+    pages = Pages(query, decoder, title=title, links=StaticLinks())
+    per_version = pages._rows("SELECT * FROM per_version")
+    parts = ['<a id="top"></a>', pages.glance(per_version)]
+    versions = [r["version"] for r in per_version if r["version"] >= 0][-last_versions:]
+    if versions:
+        vmin, vmax = pages._version_range()
+        parts.append(f"<h2>The last {len(versions)} versions</h2>")
+        for v in versions[::-1]:
+            rows = pages._rows(
+                "SELECT * FROM trajectories WHERE version = ? ORDER BY created_at DESC, traj_id LIMIT ?",
+                [v, rows_per_version],
+            )
+            parts.append(f'<h2 id="v{v}">v{v}</h2>')
+            for r in rows:
+                head = f"reward {H.fmt(r['reward'])} | {H.esc(r['finish_reason'])} | {H.esc(r['prompt_id'])}: {H.esc(pages.text(r['completion_ids'])[:120])}"
+                anchor = H.esc("t-" + quote(r["traj_id"], safe=""))
+                parts.append(
+                    f'<details id="{anchor}"><summary>{head}</summary>{pages.trajectory_body(r, vmin, vmax)}</details>'
+                )
+        top = pages._rows(
+            "SELECT prompt_id, count(DISTINCT version) AS n FROM trajectories WHERE version >= ? "
+            "GROUP BY prompt_id ORDER BY n DESC, prompt_id LIMIT ?",
+            [versions[0], prompts],
+        )
+        if top:
+            parts.append("<h2>Prompts across versions</h2>")
+        for t in top:
+            rows = pages.prompt_rows(t["prompt_id"])
+            anchor = H.esc("p-" + quote(t["prompt_id"], safe=""))
+            parts.append(
+                f'<details id="{anchor}"><summary>prompt {H.esc(t["prompt_id"])}: {t["n"]} of the last versions</summary>'
+                f"{pages.prompt_body(rows, per_version=4)}</details>"
+            )
+    return H.page(title, "".join(parts))

@@ -1,0 +1,84 @@
+"""A trial's trajectory store from its config: the query object, with the run's tokenizer when it is there.
+
+What it is: ``open_query(cfg, trial)`` -> ``storage.query.TrajectoryQuery`` over the trial's storage (the
+config's root, experiment and ``storage.options``), whose ``decode(ids)`` SQL function uses the model's
+tokenizer (``model.path``; a directory with ``tokenizer.json`` is read with the ``tokenizers`` library
+alone); ``query_trial(cfg, sql)`` runs one query; ``trajectory_report(cfg)`` is the viewer's static
+page of the run's last versions, which finalization logs to MLflow as ``trajectories/viewer.html``.
+The CLI's ``rollflow query`` / ``view`` and ``RLRun.query`` go through here.
+
+What it is not: the views (``storage.query``) or the pages (``pages``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from rollflow.api.config import ExperimentConfig
+from rollflow.configuration.trial_storage import open_trial_storage
+from storage.query import TrajectoryQuery
+
+logger = logging.getLogger(__name__)
+
+
+def load_decoder(model_path: str | None) -> Any:
+    """The tokenizer of ``model_path`` (anything with ``decode(ids, skip_special_tokens=)``), or None when
+    there is no tokenizer there (the pages then show token ids)."""
+    path = Path(model_path) if model_path else None
+    if path is None or not any(
+        (path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")
+    ):
+        return None
+    from rollflow.rollout.inspect import _load_tokenizer
+
+    try:
+        return _load_tokenizer(model_path)
+    except Exception as exc:  # a model dir without a usable tokenizer: show ids
+        logger.warning("no tokenizer in %s (%s); showing token ids", model_path, type(exc).__name__)
+        return None
+
+
+def open_query(cfg: ExperimentConfig, trial: str | None = None, *, decoder: Any = None) -> TrajectoryQuery:
+    """The query object of ``trial`` (default ``cfg.trial``); SQL ``decode(ids)`` exists when ``decoder`` is given."""
+    decode = None
+    if decoder is not None:
+
+        def decode(ids: list[int]) -> str:
+            return decoder.decode(ids, skip_special_tokens=False)
+
+    return TrajectoryQuery(open_trial_storage(cfg, trial), decode=decode)
+
+
+def query_trial(
+    cfg: ExperimentConfig, sql: str, params: Sequence[Any] | None = None, *, trial: str | None = None
+) -> pa.Table:
+    """One SQL query over the trial's committed trajectories (views: ``storage.query``)."""
+    decoder = load_decoder(cfg.model.path) if "decode" in sql.lower() else None
+    q = open_query(cfg, trial, decoder=decoder)
+    try:
+        return q.sql(sql, params)
+    finally:
+        q.close()
+
+
+def trajectory_report(cfg: ExperimentConfig, trial: str | None = None, *, last_versions: int = 5) -> str:
+    """The viewer's static page for the trial's last versions (``pages.static_report``); "" (and a
+    warning) if it cannot be built: a report must never fail the run it describes."""
+    from rollflow.viewer.pages import static_report
+
+    try:
+        decoder = load_decoder(cfg.model.path)
+        q = open_query(cfg, trial, decoder=decoder)
+        try:
+            title = f"{cfg.experiment} / {trial or cfg.trial}: trajectories"
+            return static_report(q, decoder, title=title, last_versions=last_versions)
+        finally:
+            q.close()
+    except Exception as exc:
+        logger.warning("no trajectory report: %s: %s", type(exc).__name__, exc)
+        return ""
