@@ -233,6 +233,7 @@ def run_async_rl(
 
             tracker = MlflowTracker(cfg)
             tracker.start(tags={**run_lineage(cfg, source_version), **resume_tags(resumed)})
+            tracker.log_dataset_inputs()  # the train and eval sets as the run's MLflow dataset inputs
         storage = open_trial_storage(cfg)
         status = "FAILED"
         try:
@@ -257,6 +258,7 @@ def run_async_rl(
                 "storage_uri": storage.root_uri,
                 "mlflow_run_id": tracker.run_id if tracker else None,
                 "mlflow_run_url": tracker.run_url if tracker else "-",
+                "mlflow_tracking_uri": tracker.tracking_uri if tracker else None,
                 "source_model_version": source_version,
                 "wall_s": time.monotonic() - t0,
                 "time_bounds": parts.get("timing", {}).get("bounds"),
@@ -330,7 +332,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         print(f"time: {summary['time_bounds']}")
     print(f"registered: {summary.get('registered_model') or '-'} ({summary.get('registry_decision')})")
     print(f"storage: {summary['storage_uri']}")
-    print(f"MLflow:  {summary['mlflow_run_url']}")
+    from flows.console import mlflow_lines
+
+    print("\n".join(mlflow_lines(summary.get("mlflow_tracking_uri"), summary.get("mlflow_run_url"))))
 
 
 def main(argv: list[str] | None = None) -> int:

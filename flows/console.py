@@ -11,15 +11,22 @@ What it is: ``run_console(verbose=...)``, the context a command-line run (``roll
   loggers log at DEBUG, on the console and in the API: every step, checkpoint and weight load, and the
   resolved config (not the line per reward call: ``PER_CALL_LOGGERS`` stay at INFO).
 
-Everything is put back on exit. What it is not: the level of a line (each module chooses INFO or DEBUG)
-nor the progress lines and bar (``tasks/progress.py``).
+Everything is put back on exit. ``mlflow_lines`` writes the summary's last lines: how to open this run
+in MLflow's UI (the exact ``mlflow ui --backend-store-uri ...`` command for a SQLite store, the server's
+URL when the run used one, and a warning when a server was meant but does not answer).
+What it is not: the level of a line (each module chooses INFO or DEBUG) nor the progress lines and bar
+(``tasks/progress.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 PER_CALL_LOGGERS = ("rollflow.rewards.runner",)  # a line per completion scored: too many even for -v
@@ -67,3 +74,47 @@ def run_console(*, verbose: bool = False) -> Iterator[None]:
             h.removeFilter(quiet)
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+UI_URL_ENV = "ROLLFLOW_MLFLOW_UI_URL"  # where a UI on a SQLite store is meant to be (docs/operations.md)
+UI_PORT = 5000  # `mlflow ui`'s default port
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _mlflow_command() -> str:
+    """The ``mlflow`` of this environment, relative to the working directory when it lies below it."""
+    exe = Path(sys.executable).parent / "mlflow"
+    try:
+        return str(exe.relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe)
+
+
+def mlflow_lines(tracking_uri: str | None, run_url: str | None) -> list[str]:
+    """How to open the run ``run_url`` (``.../#/experiments/E/runs/R``) logged to ``tracking_uri``."""
+    if not tracking_uri or not run_url or "#/" not in run_url:
+        return [f"MLflow:  {run_url or '-'}"]
+    page = "#/" + run_url.split("#/", 1)[1]
+    if tracking_uri.startswith("http"):
+        url = f"{tracking_uri.rstrip('/')}/{page}"
+        return [f"MLflow:  {url}" + ("" if _answers(tracking_uri) else "  (the server does not answer now)")]
+    meant = os.environ.get(UI_URL_ENV)
+    if meant and _answers(meant):
+        return [f"MLflow:  {meant.rstrip('/')}/{page}"]
+    head = (
+        f"MLflow:  nothing answers at {meant} (${UI_URL_ENV}); open this run with MLflow's UI on its store:"
+        if meant
+        else "MLflow:  the run was logged to a file, not a server; open it with MLflow's UI:"
+    )
+    return [
+        head,
+        f"  {_mlflow_command()} ui --backend-store-uri {tracking_uri} --port {UI_PORT}",
+        f"  then http://127.0.0.1:{UI_PORT}/{page}",
+    ]

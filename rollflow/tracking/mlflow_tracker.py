@@ -304,6 +304,70 @@ class MlflowTracker:
             path = plot_timeline(doc, Path(tmp) / "timeline.png")
             self.client.log_artifact(self.run_id, str(path), artifact_dir)
 
+    # -- dataset inputs ----------------------------------------------------------------------
+    def log_dataset_inputs(self) -> None:
+        """Log the train split and the evaluation set as the run's MLflow dataset inputs (MLflow's
+        "Datasets used" column and the run page), contexts ``training`` and ``evaluation``.
+
+        Each is named ``<experiment>-<train|eval>``, with the digest of its rows (``eval_set_digest``:
+        sha256 of the rows as canonical JSON; MLflow's digest field holds its first 32 hex digits, the
+        input's ``rollflow.digest`` tag the whole), its row count and where it came from. Nothing here may
+        stop a run: a split that cannot be read is logged as a warning."""
+        from rollflow.data import load_prompts
+        from rollflow.evaluation import eval_prompts
+
+        ds = self.cfg.dataset
+        options = self.cfg.storage.options or None
+        splits = {
+            "training": lambda: load_prompts(ds, ds.train_split, storage_options=options),
+            "evaluation": lambda: eval_prompts(self.cfg),
+        }
+        for context, rows_of in splits.items():
+            try:
+                self._log_dataset(rows_of(), context)
+            except Exception as exc:  # tracking must never kill training
+                log.warning("MLflow dataset input %s not logged (%s: %s)", context, type(exc).__name__, exc)
+
+    def _log_dataset(self, rows: Sequence[dict[str, Any]], context: str) -> None:
+        import json
+        import warnings
+
+        import mlflow.data
+        import pandas as pd
+        from mlflow.data.code_dataset_source import CodeDatasetSource
+        from mlflow.entities import DatasetInput, InputTag
+
+        from rollflow.eval_scores import eval_set_digest
+
+        digest = eval_set_digest(rows)
+        table = pd.DataFrame(
+            [
+                {k: v if isinstance(v, (str, int, float)) else json.dumps(v) for k, v in r.items()}
+                for r in rows
+            ]
+        )
+        from rollflow.data.loader import data_files_for
+
+        ds = self.cfg.dataset
+        split = ds.train_split if context == "training" else (self.cfg.eval.split or ds.eval_split)
+        where = {"synthetic": f"synthetic:{ds.synthetic.task}", "files": data_files_for(ds, split)}.get(
+            ds.kind, ds.path
+        )
+        name = f"{self.cfg.experiment}-{'train' if context == 'training' else 'eval'}"
+        with warnings.catch_warnings():  # a path can be read as two registered source kinds: the same one
+            warnings.simplefilter("ignore", UserWarning)
+            try:
+                dataset = mlflow.data.from_pandas(table, source=where, name=name, digest=digest[7:39])
+            except Exception:  # not a path MLflow knows (a hub id, the synthetic task): name it only
+                source = CodeDatasetSource(tags={"rollflow.dataset": where, "rollflow.split": split})
+                dataset = mlflow.data.from_pandas(table, source=source, name=name, digest=digest[7:39])
+        tags = [
+            InputTag("mlflow.data.context", context),
+            InputTag("rollflow.digest", digest),
+            InputTag("rollflow.split", split),
+        ]
+        self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags=tags)])
+
     # -- model registry ----------------------------------------------------------------------
     @property
     def registry(self) -> Registry:
