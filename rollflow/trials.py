@@ -10,7 +10,7 @@ What it is: ``choose_trial`` turns the flow's parameters into a trial name and a
   ``trained`` (the trainer wrote DONE.json, the finalization record is missing: stopped in between) it
   runs the missing finalization steps (``tasks.finalize``). On an unfinished trial it continues it.
 What it is not: the resume mechanics (the trainer and rollout restore their own state from storage),
-or Prefect: the flows (``flows/async_rl.py``, ``flows/preflight.py``) call it.
+the settings a resume runs with (the trial's recorded config: ``rollflow.trial_record``), or Prefect: the flows (``flows/async_rl.py``, ``flows/preflight.py``) call it.
 """
 
 from __future__ import annotations
