@@ -2,7 +2,15 @@
 
 What it is: ``CheckpointRef`` (a committed version as COMMIT.json describes it), the parsers that refuse
 a malformed COMMIT.json or LATEST with a named error, the digest check of one file against its entry,
-and the names a checkpoint directory reserves (LoRA adapter files, the cache's verified marker).
+the names a checkpoint directory reserves (LoRA adapter files, the cache's verified marker), and two
+rules every reader applies before it trusts a file:
+
+* ``check_needed_files``: every file the checkpoint needs is in COMMIT.json, so verifying COMMIT.json's
+  files verifies everything a loader will open. A sharded ``model.safetensors.index.json`` names its
+  shards in ``weight_map``; each must be a plain relative name listed in COMMIT.json (an absolute or
+  ``../`` shard would be loaded from outside, unverified). An adapter's config needs its weights file.
+* ``inside``: a local file is read only if its real path (symlinks resolved) lies inside the trial
+  root (or the cache directory), so a symlink cannot make a verified checkpoint serve foreign bytes.
 COMMIT.json is ``{format, version, step, hash, files: {name: {size, <hash>}}, meta, created_at}``;
 ``hash`` names the digest algorithm (format 1 predates it: sha256).
 What it is not: reading or writing storage (``storage.checkpoints`` publishes and resolves,
@@ -15,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +35,7 @@ from storage.transfer import HASH_ALGOS, FileDigest
 
 ADAPTER_CONFIG_NAME = "adapter_config.json"  # a version holding this file is a LoRA adapter (peft's format)
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"  # the adapter's tensors
+SHARD_INDEX_NAME = "model.safetensors.index.json"  # a sharded model: weight_map names the shard files
 COMMIT_FORMAT = 2  # 1: sha256 only, no "hash" field; 2: "hash" names the algorithm
 VERIFIED_MARKER = ".rollflow-verified.json"
 COMMIT_RE = re.compile(r"^checkpoints/v(\d{6,})/COMMIT\.json$")
@@ -111,6 +120,58 @@ def local_files(local_dir: Path) -> list[str]:
                 continue
             out.append(Path(dirpath, n).relative_to(local_dir).as_posix())
     return sorted(out)
+
+
+def check_needed_files(names: Collection[str], index: bytes | None) -> None:
+    """CheckpointIntegrityError unless every file the checkpoint needs is among ``names`` (COMMIT.json's).
+
+    ``index``: the bytes of ``model.safetensors.index.json`` when ``names`` holds it. Its ``weight_map``
+    values must be plain relative names (no absolute path, no ``..``) listed in ``names``; the error names
+    the index and the entry, never what is (or is not) at a path outside the checkpoint.
+    """
+    if ADAPTER_CONFIG_NAME in names and ADAPTER_WEIGHTS_NAME not in names:
+        raise CheckpointIntegrityError(
+            ADAPTER_WEIGHTS_NAME, f"{ADAPTER_CONFIG_NAME} needs it; not in COMMIT.json"
+        )
+    if index is None:
+        return
+    try:
+        shards = set(json.loads(index)["weight_map"].values())
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise CheckpointIntegrityError(SHARD_INDEX_NAME, f"unreadable: {type(e).__name__}") from None
+    for shard in sorted(shards, key=str):
+        if not isinstance(shard, str) or not _plain_name(shard):
+            raise CheckpointIntegrityError(
+                SHARD_INDEX_NAME, f"weight_map names {str(shard)[:80]!r}, not a file inside the checkpoint"
+            )
+        if shard not in names:
+            raise CheckpointIntegrityError(
+                SHARD_INDEX_NAME, f"weight_map names {shard!r}, not in COMMIT.json"
+            )
+
+
+def _plain_name(name: str) -> bool:
+    parts = name.split("/")
+    return (
+        not name.startswith("/")
+        and "\\" not in name
+        and "\x00" not in name
+        and all(p not in ("", ".", "..") for p in parts)
+    )
+
+
+def inside(path: Path, root: Path) -> bool:
+    """True when ``path``'s real path (every symlink resolved) is ``root``'s real path or lies under it."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def check_inside(name: str, path: Path, root: Path, what: str = "the trial root") -> None:
+    """CheckpointIntegrityError naming ``name`` if ``path`` resolves outside ``root`` (a symlink out)."""
+    if not inside(path, root):
+        raise CheckpointIntegrityError(
+            name, f"is a symlink out of {what}; refused (copy the file in instead)"
+        )
 
 
 def check_digest(name: str, got: FileDigest, expect: Mapping[str, Any], algo: str) -> None:

@@ -4,7 +4,11 @@ What it is: ``CheckpointFetcher`` checks the size and digest of every file of a 
 COMMIT.json. ``verify_in_place`` checks a posix root's own directory (nothing is copied; files that
 COMMIT.json does not list are refused too, so a loader cannot pick up an unverified file); ``fetch``
 downloads into ``cache_dir/v{N:06d}``, hashing on the way, into a temp dir renamed into place only after
-every file verified, and reuses a cached copy whose verified marker matches COMMIT.json.
+every file verified, and reuses a cached copy only after checking every cached file's digest against
+COMMIT.json again (a size match says nothing about the bytes: a cache directory may be shared, and a file
+rewritten in place keeps its size). Both refuse a file whose real path leaves the trial root (or the cache
+directory) through a symlink, and a version whose index names shards COMMIT.json does not list
+(``checkpoint_commit.check_needed_files``), before a loader can open it.
 What it is not: resolving which version to load (``storage.checkpoints.CheckpointStore``, whose
 ``verified_dir`` and ``fetch`` call this after reading COMMIT.json).
 """
@@ -24,7 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from storage import keys
-from storage.checkpoint_commit import VERIFIED_MARKER, check_digest, commit_algo, local_files
+from storage.checkpoint_commit import (
+    SHARD_INDEX_NAME,
+    VERIFIED_MARKER,
+    check_digest,
+    check_inside,
+    check_needed_files,
+    commit_algo,
+    inside,
+    local_files,
+)
 from storage.errors import CheckpointIntegrityError, StorageError
 from storage.fs import TMP_MARKER, Storage
 from storage.transfer import hash_file
@@ -43,7 +56,8 @@ class CheckpointFetcher:
         """The local directory of ``version`` (posix root), every file checked against ``doc``
         (its COMMIT.json). Raises CheckpointIntegrityError naming the file."""
         path = self.storage.local_path(keys.checkpoint_dir(version))
-        assert path is not None
+        root = self.storage.local_path("")
+        assert path is not None and root is not None
         t0 = time.perf_counter()
         algo = commit_algo(doc)
         extra = [
@@ -53,6 +67,9 @@ class CheckpointFetcher:
         ]
         if extra:
             raise CheckpointIntegrityError(extra[0], "not listed in COMMIT.json")
+
+        for name in doc["files"]:  # before anything is read through a link
+            check_inside(name, path / name, root)
 
         def check(name: str) -> None:
             expect = doc["files"][name]
@@ -71,6 +88,7 @@ class CheckpointFetcher:
             with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
                 for f in [pool.submit(check, n) for n in names]:
                     f.result()
+        check_needed_files(doc["files"], _index_bytes(path, doc))
         logger.debug(
             "verified checkpoint v%06d in place (%s) in %.3fs", version, algo, time.perf_counter() - t0
         )
@@ -101,6 +119,7 @@ class CheckpointFetcher:
                 ]
                 for f in futs:
                     f.result()
+            check_needed_files(doc["files"], _index_bytes(tmp, doc))
             (tmp / VERIFIED_MARKER).write_text(json.dumps({"version": version, "commit_sha256": commit_sha}))
             self._install(tmp, dest, doc, commit_sha)
             logger.debug("fetched checkpoint v%06d into %s in %.2fs", version, dest, time.perf_counter() - t0)
@@ -111,24 +130,39 @@ class CheckpointFetcher:
     def _fetch_one(self, key: str, target: Path, name: str, expect: dict[str, Any], algo: str) -> None:
         # Always a real copy: a hard link would let anyone writing into the cache corrupt the store.
         target.parent.mkdir(parents=True, exist_ok=True)
+        src, root = self.storage.local_path(key), self.storage.local_path("")
+        if src is not None and root is not None:
+            check_inside(name, src, root)
         try:
             digest = self.storage.get_file(key, target, size=expect["size"], algo=algo)
         except FileNotFoundError:
             raise CheckpointIntegrityError(name, "missing from storage") from None
         check_digest(name, digest, expect, algo)
 
-    @staticmethod
-    def _cache_ok(dest: Path, doc: dict[str, Any], commit_sha: str) -> bool:
+    def _cache_ok(self, dest: Path, doc: dict[str, Any], commit_sha: str) -> bool:
+        """True if ``dest`` holds exactly COMMIT.json's files, each with its digest (rehashed now), no
+        symlink leaving ``dest``, and a verified marker for this COMMIT.json."""
         try:
             marker = json.loads((dest / VERIFIED_MARKER).read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return False
-        if marker.get("commit_sha256") != commit_sha:
+        if not isinstance(marker, dict) or marker.get("commit_sha256") != commit_sha:
             return False
-        try:
-            return all((dest / n).stat().st_size == f["size"] for n, f in doc["files"].items())
-        except OSError:
+        files, algo = doc["files"], commit_algo(doc)
+        if set(local_files(dest)) != set(files) or not all(inside(dest / n, dest) for n in files):
+            logger.warning("cached checkpoint %s holds other files than COMMIT.json; fetching again", dest)
             return False
+
+        def same(name: str) -> bool:
+            try:
+                check_digest(name, hash_file(dest / name, algo), files[name], algo)
+                return True
+            except (OSError, CheckpointIntegrityError) as e:
+                logger.warning("cached checkpoint %s: %s; fetching again", dest, e)
+                return False
+
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            return all(list(pool.map(same, sorted(files, key=lambda n: -files[n]["size"]))))
 
     def _install(self, tmp: Path, dest: Path, doc: dict[str, Any], commit_sha: str) -> None:
         """Rename the verified temp dir to `dest`, replacing a stale one; tolerate a concurrent fetcher."""
@@ -146,3 +180,8 @@ class CheckpointFetcher:
         raise StorageError(f"could not install checkpoint into {dest}")
 
     # --- acks and gc --------------------------------------------------------------------------------------
+
+
+def _index_bytes(directory: Path, doc: dict[str, Any]) -> bytes | None:
+    """The (already verified) shard index of a checkpoint, or None when COMMIT.json lists none."""
+    return (directory / SHARD_INDEX_NAME).read_bytes() if SHARD_INDEX_NAME in doc["files"] else None

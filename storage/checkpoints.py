@@ -20,7 +20,9 @@ every load the size and digest of every file are checked against COMMIT.json: `v
 local root's files in place (nothing is copied) and downloads an S3 checkpoint into a cache (hashing
 while downloading); `fetch` always makes a verified private copy.
 
-Verification (``storage.checkpoint_fetch``), the COMMIT.json format (``storage.checkpoint_commit``) and
+`publish` refuses a directory whose shard index names a file it does not hold (an absolute or `../` shard
+would be loaded from outside, unverified) and, in place on a posix root, a file that is a symlink out of the
+trial root. Verification (``storage.checkpoint_fetch``), the COMMIT.json format (``storage.checkpoint_commit``) and
 acks + GC (``storage.checkpoint_acks``, which states the GC rule) are modules of their own;
 ``CheckpointStore`` keeps one public surface over them (``verified_dir``, ``fetch``, ``ack``,
 ``retract_ack``, ``acks``, ``gc``) and the trainer's done marker (``mark_done``, ``is_done``).
@@ -53,8 +55,11 @@ from storage.checkpoint_commit import (
     ADAPTER_WEIGHTS_NAME,
     COMMIT_FORMAT,
     COMMIT_RE,
+    SHARD_INDEX_NAME,
     VERIFIED_MARKER,
     CheckpointRef,
+    check_inside,
+    check_needed_files,
     commit_algo,
     local_files,
     parse_commit,
@@ -150,6 +155,8 @@ class CheckpointStore:
         for n in names:
             if n == keys.CHECKPOINT_COMMIT_NAME or n.startswith("acks/"):
                 raise StorageError(f"checkpoint dir holds reserved name {n!r}")
+        index = local_dir / SHARD_INDEX_NAME
+        check_needed_files(names, index.read_bytes() if SHARD_INDEX_NAME in names else None)
         known = {n: d for n, d in (digests or {}).items() if d.algo == self.hash_algo and n in names}
         ck_dir = keys.checkpoint_dir(version)
         commit_key = keys.checkpoint_commit_key(version)
@@ -163,6 +170,10 @@ class CheckpointStore:
         t0 = time.perf_counter()
         in_place = self.storage.local_path(ck_dir)
         if in_place is not None and in_place.resolve() == local_dir.resolve():
+            root = self.storage.local_path("")
+            assert root is not None
+            for n in names:  # committed in place, a link out of the root would be served from outside
+                check_inside(n, local_dir / n, root)
             found = self._hash_local(local_dir, [n for n in names if n not in known], self.hash_algo)
             found.update({n: known[n] for n in names if n in known})
             for n, d in known.items():  # a cheap guard against a wrong caller: the size must agree
