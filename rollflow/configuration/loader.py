@@ -1,7 +1,8 @@
 """Build an ``ExperimentConfig`` from defaults, a YAML file and dotted overrides; flatten and document it.
 
 What it is: the merge ``defaults <- YAML <- CLI overrides (train.lr=1e-5)``, strict type checking with
-errors that name the key and the fix, a secret-free flat view for MLflow params, and the generator of
+errors that name the key and the fix (a float must be finite: ``.inf`` and ``.nan`` are refused; the
+tree's depth and alias expansion are bounded, ``rollflow.configuration.tree_limits``), a secret-free flat view for MLflow params, and the generator of
 docs/configuration.md (``python -m rollflow.configuration.loader --docs``).
 What it is not: the fields themselves (``rollflow.api.config``) or any storage/Prefect access.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 import sys
 import types
@@ -26,6 +28,7 @@ from rollflow.api.errors import ConfigError
 from rollflow.api.net import is_loopback_host
 from rollflow.configuration.layout import resolve_layout
 from rollflow.configuration.redact import REDACTED, find_secrets, redact_tree
+from rollflow.configuration.tree_limits import check_tree
 
 T = TypeVar("T")
 
@@ -110,7 +113,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 raise ConfigError(key, f"expected a number, got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, f"expected a number, got {value!r}")
-        return float(value)
+        try:
+            out = float(value)
+        except OverflowError:  # an int past the float range (10**400)
+            raise ConfigError(
+                key, "expected a finite number, got an integer beyond the float range"
+            ) from None
+        if not math.isfinite(out):  # YAML's .inf / .nan
+            raise ConfigError(key, f"expected a finite number, got {value!r}")
+        return out
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(key, f"expected a string, got {value!r}")
@@ -163,6 +174,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() != "" else ""
     except yaml.YAMLError as exc:
         raise ConfigError(key, f"cannot parse value {raw!r}: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(key, "the value nests too deeply; flatten it") from None
+    check_tree(value, key)
     return key.split("."), value
 
 
@@ -185,8 +199,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError("<file>", f"{p} is not valid YAML: {exc}") from exc
+    except RecursionError:  # PyYAML composes recursively: thousands of nested levels
+        raise ConfigError("<file>", f"{p} nests too deeply to be a config; flatten it") from None
     if not isinstance(data, dict):
         raise ConfigError("<file>", f"{p} must hold a mapping of sections, got {type(data).__name__}")
+    check_tree(data, "<file>")
     return data
 
 
@@ -205,6 +222,7 @@ def load_config(
     for item in overrides:
         keys, value = parse_override(item)
         _set_path(tree, keys, value)
+    check_tree(tree)  # data= and the merge too: depth and alias expansion bounded before anything copies
     cfg = _build(ExperimentConfig, tree)
     check_environment(cfg)
     return resolve_layout(cfg)  # n_servers / server_threads: auto, on this machine
@@ -286,12 +304,23 @@ def _redacted(cfg: Any, known: frozenset[str]) -> dict[str, Any]:
     return out
 
 
+def _check_fields(cfg: Any, prefix: str = "") -> None:
+    """``check_tree`` on every non-section field of ``cfg`` (a config built in code skips the loader)."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_fields(value, f"{prefix}{f.name}.")
+        else:
+            check_tree(value, f"{prefix}{f.name}")
+
+
 def redacted_dict(cfg: Any) -> dict[str, Any]:
     """``asdict`` with every credential masked as '***' (see ``rollflow.configuration.redact``): fields marked
     secret, secret-looking entries of mappings (``storage.options.key``, an ``Authorization`` header in
     ``rollout.workflow_kwargs``), URL userinfo (``endpoint_url``, ``dataset.path``, the MLflow URI),
     secret flags in argument lists (``--api-key`` in ``sglang.extra_args``), and each of those values
     wherever else it appears."""
+    _check_fields(cfg)  # asdict below copies every alias: bound the expansion first
     known = _secret_field_values(cfg) | find_secrets(to_dict(cfg))
     return _redacted(cfg, frozenset(known))
 

@@ -1,6 +1,6 @@
 """Redaction of credentials in anything logged: by key name, by URL userinfo, by flag and by value.
 
-What it is: pure functions over plain values (str, Mapping, list), stdlib only, used wherever a config
+What it is: pure functions over plain values (str, Mapping, list), stdlib plus the tree limits, used wherever a config
 or parameters are written out (MLflow params and the logged YAML through ``rollflow.configuration.loader``):
 
 * **by key**: a mapping entry whose key looks secret (``api_key``, ``secret``, ``token``, ``password``,
@@ -13,7 +13,10 @@ or parameters are written out (MLflow params and the logged YAML through ``rollf
 * **by value**: every secret found by the rules above (and any extra ``known`` secret) is then
   replaced wherever else it appears, e.g. an API key repeated inside ``workflow_kwargs`` or a URL.
 
-``redact_tree(value)`` applies all of them to a nested structure and returns a copy.
+``redact_tree(value)`` applies all of them to a nested structure and returns a copy. Because a copy
+expands every YAML alias, ``redact_tree`` and ``find_secrets`` first bound the tree's depth and
+expansion (``rollflow.configuration.tree_limits``: ``ConfigError`` past them), so an alias bomb in
+``workflow_kwargs`` is refused instead of copied into a million leaves.
 
 What it is not: a guarantee. A secret under an innocent key, written without a scheme or flag and
 not repeated elsewhere, cannot be recognised; take credentials from the environment or Prefect
@@ -27,6 +30,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
+
+from rollflow.configuration.tree_limits import check_tree
 
 __all__ = [
     "REDACTED",
@@ -140,6 +145,7 @@ def _collect(value: Any, key: object, found: set[str]) -> None:
 
 def find_secrets(value: Any) -> set[str]:
     """Every credential the rules of the module docstring recognise in ``value`` (nested)."""
+    check_tree(value, "<redacted value>")
     found: set[str] = set()
     _collect(value, None, found)
     return {s for s in found if len(s) >= _MIN_SECRET_LEN}
@@ -168,5 +174,5 @@ def redact_tree(value: Any, known: Iterable[str] = ()) -> Any:
     Secrets are first collected from the whole tree (plus ``known``), then masked by key, URL,
     scheme, flag and value everywhere, so a key that appears in one place is hidden in all of them.
     """
-    secrets = frozenset(find_secrets(value) | {s for s in known if len(s) >= _MIN_SECRET_LEN})
+    secrets = frozenset(find_secrets(value) | {s for s in known if len(s) >= _MIN_SECRET_LEN})  # checks size
     return _redact(value, None, secrets)

@@ -53,7 +53,12 @@ class LoraConfig:
 
     def __post_init__(self) -> None:
         check(self.rank >= 0, "train.lora.rank", "must be >= 0 (0 = off: full fine-tuning)")
-        check(self.alpha > 0, "train.lora.alpha", "must be > 0 (32 is the default)")
+        # a finite alpha the servers merge (their limit is 1e4): NaN fails both comparisons
+        check(
+            0 < self.alpha <= 1e4,
+            "train.lora.alpha",
+            "must be a finite number in (0, 1e4] (32 is the default)",
+        )
         check(0 <= self.dropout < 1, "train.lora.dropout", "must be in [0, 1)")
         if self.rank > 0:
             check(
