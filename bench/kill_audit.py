@@ -4,7 +4,12 @@ What it is. ``run_kill_audit`` starts ``python -m flows.async_rl`` on the tiny c
 with its private Prefect API, CPU server and reward workers), waits for its rollout to start, sends it
 SIGKILL (``--sigterm``: SIGTERM, a graceful stop) after a random delay, resumes the trial with
 ``--resume``, and repeats ``--kills`` times; the last life runs to the end (training done, trial
-finalized). Then ``bench.prompt_audit.audit_trial`` reads the trial's storage, and nothing else, and
+finalized). The SIGKILLs take turns over ``--points``: a random moment; right after a commit record is
+put, before the state put that follows it; right after a block claim, before its state put (those two
+lives run through this module's ``--life`` launcher, which installs ``install_kill_point`` in the flow
+process: the process kills itself at its n-th commit or claim, n drawn from 1-4). For those, the driver
+also reads what the kill left (``claims_unrecorded_at_kills``, ``positions_committed_but_open_at_kills``)
+and checks a later life ran the unrecorded blocks. Then ``bench.prompt_audit.audit_trial`` reads the trial's storage, and nothing else, and
 checks:
 
     positions handed out = committed + dropped (a recorded drop) + open at the end (in a state file)
@@ -13,6 +18,7 @@ per prompt position, with nothing generated twice into committed shards, no grou
 trained without being committed, and the final checkpoint and ``FINALIZED.json`` written.
 
 Run:  .venv/bin/python -m bench.kill_audit                  (5 SIGKILLs, 4-6 minutes on 2 cores)
+      .venv/bin/python -m bench.kill_audit --kills 10       (the 10-kill audit: 4 random, 3 commit, 3 claim)
       .venv/bin/python -m bench.kill_audit --kills 2 --quick
       .venv/bin/python -m bench.kill_audit --sigterm        (graceful stops: SIGTERM, then resume)
       .venv/bin/python -m bench.kill_audit --audit-only --trial T [--config C] [dotted.overrides ...]
@@ -23,8 +29,8 @@ It prints ``key value`` lines (``kills``, ``positions_*``, ``groups_trained_twic
 was never taken over, or a process outlived its life. A run also writes
 ``bench/results/kill_audit[_sigterm].json`` (per-life details beside the figures) unless ``--no-save``.
 
-What the audit reads, and what storage does not record (a drop's position and reason, a group's
-position): ``bench.prompt_audit``.
+What the audit reads, and what storage does not record (a drop's position and reason):
+``bench.prompt_audit``.
 ``recovery_stall_s`` is measured by the driver, not the audit: from the restarted process's start to
 the first commit record it wrote (``created_at``) and to the first ``consumed/step`` file it wrote (the
 file's mtime: local storage only).
@@ -69,6 +75,10 @@ class Life:
     index: int
     started_at: float  # unix seconds, just before the process started
     stopped_by: str = "-"  # SIGKILL | SIGTERM | SIGTERM+SIGKILL (its grace ran out) | - (ran to its end)
+    # | SIGKILL@commit | SIGKILL@claim (killed itself at that exact point, see install_kill_point)
+    kill_point: str = "random"
+    unrecorded_claims: list[int] = field(default_factory=list)  # its claims its state file never named
+    committed_open: int = 0  # positions its state file left open that a commit record names
     stop_delay_s: float | None = None  # after its rollout started (see _stop_at_random)
     exit_s: float | None = None  # from the signal to the process's exit (SIGTERM)
     rc: int | None = None
@@ -83,6 +93,51 @@ class Life:
     held_gens: dict[str, int] = field(default_factory=dict)  # its state file's open blocks -> generation
     not_adopted: list[str] = field(default_factory=list)  # blocks open at its stop never taken over later
     orphans: int = 0
+
+
+KILL_POINTS = ("random", "commit", "claim")  # when a stop lands (see install_kill_point)
+
+
+def install_kill_point(point: str, nth: int) -> None:
+    """A test hook, installed only in a process this driver (or a test) starts, never in the production
+    path: SIGKILL this process at an exact moment of its rollout loop.
+
+    - ``commit``: right after its ``nth`` commit record is put, before the state put that follows it (a
+      group committed, its position still open in the state file);
+    - ``claim``: right after its ``nth`` successful block claim, before ``on_claim``'s state put (a block
+      claimed that the state file never names).
+    """
+    from storage.prompt_claims import ClaimLog
+    from storage.shard_writer import ShardWriter
+
+    seen = [0]
+
+    def hit() -> None:
+        seen[0] += 1
+        if seen[0] == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    if point == "commit":
+        commit = ShardWriter._commit
+
+        def _commit(self: ShardWriter, pending: Any) -> Any:
+            record = commit(self, pending)
+            hit()
+            return record
+
+        ShardWriter._commit = _commit  # type: ignore[method-assign]
+    elif point == "claim":
+        try_claim = ClaimLog.try_claim
+
+        def _try_claim(self: ClaimLog, block: int, worker: str, name: str) -> bool:
+            won = try_claim(self, block, worker, name)
+            if won:
+                hit()
+            return won
+
+        ClaimLog.try_claim = _try_claim  # type: ignore[method-assign]
+    else:
+        raise ValueError(f"kill point must be 'commit' or 'claim', got {point!r}")
 
 
 def _tagged(tag: str) -> list[int]:
@@ -147,6 +202,7 @@ def run_kill_audit(
     workdir: Path | None = None,
     extra: Sequence[str] = (),
     graces: Sequence[float] = (),
+    points: Sequence[str] = ("random",),
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> tuple[dict[str, Any], Audit, list[Life]]:
     """Run, stop ``kills`` times at random moments, resume, finish; then audit. Returns (figures, audit, lives).
@@ -159,6 +215,7 @@ def run_kill_audit(
     """
     rng = random.Random(seed)
     workdir = Path(workdir or tempfile.mkdtemp(prefix="kill-audit-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     trial = f"kill-audit-{seed}"
     steps = steps if steps is not None else max(20, 20 * kills)
     overrides = [
@@ -182,7 +239,12 @@ def run_kill_audit(
         )  # fmt: skip
         env[tag.split("=")[0]] = tag.split("=")[1]
         resume = ["--resume"] if i > 0 else []
-        cmd = [sys.executable, "-m", "flows.async_rl", "--config", CONFIG, "--trial", trial, *resume]
+        point = points[i % len(points)] if i < kills else "random"
+        life.kill_point = point
+        launcher = ["flows.async_rl"]
+        if point != "random":  # the life kills itself at its nth commit / claim (n drawn here)
+            launcher = ["bench.kill_audit", "--life", f"{point}:{rng.randint(1, 4)}", "--"]
+        cmd = [sys.executable, "-m", *launcher, "--config", CONFIG, "--trial", trial, *resume]
         cmd += overrides
         log_path = workdir / f"life-{i}.log"
         seen = _takeovers(trial_dir), _incarnation(trial_dir)
@@ -196,10 +258,12 @@ def run_kill_audit(
                 cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         try:
-            if i < kills:
+            if i < kills and point == "random":
                 grace = graces[i] if i < len(graces) else 120.0
                 _stop_at_random(proc, started, life, sig, rng, window_s, grace)
             life.rc = proc.wait(timeout=900)
+            if point != "random" and life.rc == -signal.SIGKILL:
+                life.stopped_by = f"SIGKILL@{point}"
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -210,6 +274,7 @@ def run_kill_audit(
         held = _held(trial_dir)
         life.open_at_end = {b: len(info["open"]) for b, info in held.items()}
         life.held_gens = {b: int(info["gen"]) for b, info in held.items()}
+        life.unrecorded_claims, life.committed_open = _window(trial_dir, held)
         if i > 0:
             life.first_commit_s, life.first_step_s = _firsts(trial_dir, life.started_at)
         say(f"life {i}: {asdict(life)}")
@@ -228,10 +293,15 @@ def run_kill_audit(
         gens[int(name[:10])].add(int(name[11:14]))
     for x in stopped:  # every block open at a stop must have been taken over later, at a newer generation
         x.not_adopted = [b for b, g in x.held_gens.items() if not any(h > g for h in gens[int(b)])]
+        x.not_adopted += [str(b) for b in x.unrecorded_claims if not gens[b]]  # claimed, never named
     retrained = [x.version_reached - (x.resume_point or 0) for x in stopped if x.version_reached is not None]
     figures: dict[str, Any] = {
         "kills": len(stopped),
         "signal": sig.name,
+        "kills_right_after_commit": sum(x.stopped_by == "SIGKILL@commit" for x in stopped),
+        "kills_right_after_claim": sum(x.stopped_by == "SIGKILL@claim" for x in stopped),
+        "claims_unrecorded_at_kills": sum(len(x.unrecorded_claims) for x in stopped),
+        "positions_committed_but_open_at_kills": sum(x.committed_open for x in stopped),
         "positions_handed_out": audit.positions_handed_out,
         "positions_committed": audit.positions_committed,
         "positions_dropped": audit.positions_dropped,
@@ -267,6 +337,30 @@ def _held(trial_dir: Path) -> dict[str, Any]:
         return dict(json.loads((trial_dir / STATE_FILE).read_text()).get("blocks") or {})
     except (OSError, ValueError, AttributeError):
         return {}
+
+
+def _window(trial_dir: Path, held: dict[str, Any]) -> tuple[list[int], int]:
+    """What a kill left between a storage write and the state put after it: the worker's claims at or
+    after its state's ``claim_mark`` (blocks the state never named), and the positions its state lists
+    as open that a commit record names (committed before the state put). A resume must run the former
+    and skip the latter."""
+    try:
+        state = json.loads((trial_dir / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return [], 0
+    mark, name = state.get("claim_mark"), state.get("writer")
+    unrecorded = []
+    for f in (trial_dir / "prompts" / "claims").glob("*/*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            block = int(f.stem)
+            if mark is not None and block >= mark and json.loads(f.read_text()).get("name") == name:
+                unrecorded.append(block)
+    committed: set[int] = set()
+    for f in (trial_dir / "trajectories" / "commits").glob("v*/*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            committed.update(json.loads(f.read_text()).get("positions") or ())
+    open_now = {p for info in held.values() for p in info.get("open", [])}
+    return sorted(unrecorded), len(open_now & committed)
 
 
 def _takeovers(trial_dir: Path) -> set[str]:
@@ -327,12 +421,26 @@ def print_report(figures: dict[str, Any], audit: Audit) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--life"]:  # one life of the trial, killing itself at an exact point (the driver's)
+        point, nth = argv[1].split(":")
+        install_kill_point(point, int(nth))
+        from flows.async_rl import main as flow_main
+
+        return flow_main(argv[3:] if argv[2:3] == ["--"] else argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=5, help="stops before the last life (default 5)")
     ap.add_argument("--sigterm", action="store_true", help="stop with SIGTERM (graceful) instead of SIGKILL")
     ap.add_argument("--steps", type=int, default=None, help="train.steps (default 20 per stop)")
     ap.add_argument(
         "--window-s", type=float, default=10.0, help="a stop comes uniform(0, this) s after rollout start"
+    )
+    ap.add_argument(
+        "--points",
+        default="random,commit,claim",
+        help="where the SIGKILLs land, in turn: random (uniform in the window), commit (right after a "
+        "commit record, before the state put), claim (right after a block claim, before its state put); "
+        "--sigterm stops at random only",
     )
     ap.add_argument("--quick", action="store_true", help="window 4 s, 15 steps per stop")
     ap.add_argument("--seed", type=int, default=0, help="seeds the stop moments and names the trial")
@@ -357,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     figures, audit, lives = run_kill_audit(
         kills=args.kills, sigterm=args.sigterm, steps=steps, window_s=window, seed=args.seed,
         workdir=workdir, extra=args.overrides,
+        points=("random",) if args.sigterm else tuple(args.points.split(",")),
     )  # fmt: skip
     print_report(figures, audit)
     passed = audit.ok and figures["blocks_not_adopted_after_stops"] == 0 and figures["orphans_left"] == 0
