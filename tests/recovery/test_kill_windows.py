@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from test_prompt_accounting import Client, _audit, _cfg, _roll, _train
@@ -27,6 +28,8 @@ from test_prompt_accounting import Client, _audit, _cfg, _roll, _train
 from storage import keys
 from storage.commits import CommitRecord
 from storage.fs import Storage
+from storage.prompt_claims import ClaimLog
+from storage.worker_state import WorkerState
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("kill_point_child.py")
@@ -74,4 +77,18 @@ def test_a_kill_right_after_a_claim_still_runs_the_block(tmp_path: Path) -> None
     a = _resume_and_audit(storage)
     assert a.positions_handed_out == 40, a
     assert a.positions_unaccounted == 0, a  # before the fix: the block's 2 positions, never run
+    assert a.positions_generated_twice == 0 and a.ok, a
+
+
+def test_a_dead_peers_claim_that_its_state_never_named_is_adopted(tmp_path: Path) -> None:
+    """The same window in another worker: rollout-w1 claimed block 0 and died before its state put (its
+    last state, an hour old, has claim_mark 0 and no blocks). After its lease, rollout-w0 finds the claim
+    in the claim log and runs the block (before the fix: 2 positions unaccounted)."""
+    storage = Storage.open(str(tmp_path), "exp", "t", {})
+    assert ClaimLog(storage).try_claim(0, "rollout-w1-0badc0de", "rollout-w1")
+    dead = {**WorkerState(writer="rollout-w1", incarnation="rollout-w1-0badc0de").to_json(), "claim_mark": 0}
+    storage.put_json(keys.rollout_state_key("rollout-w1"), {**dead, "updated_at": time.time() - 3600})
+    a = _resume_and_audit(storage)
+    assert storage.exists(keys.takeover_key(0, 1))  # rollout-w0 adopted it
+    assert a.positions_handed_out == 40 and a.positions_unaccounted == 0, a
     assert a.positions_generated_twice == 0 and a.ok, a
