@@ -19,6 +19,7 @@ that holds the config's ``configs/`` folder (the checkout, for the shipped confi
 directory. So ``rollflow ls`` lists the demo's trials from anywhere.
     rollflow query TRIAL "SELECT ..." [--config C] [--format F]      SQL over the committed trajectories
     rollflow view TRIAL [--config C] [--port P] [--api-key K]        the trajectory viewer on 127.0.0.1
+    rollflow replay TRIAL --to N [--config C] [--from-resume-point]  retrain to vN from the record, compare
 
 ``run``, ``resume`` and ``eval`` run the flows in this process: against ``PREFECT_API_URL`` when it is
 set (the runs show in that server's UI), else against a private API server that dies with this process.
@@ -267,6 +268,35 @@ def _view(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    """Retrain the trial to ``--to`` from its own record and compare bit for bit (``rollflow.training.replay``);
+    status 0 when every compared version is identical, 1 when one differs."""
+    from rollflow.configuration.trial_storage import open_trial_storage
+    from rollflow.training.replay import ReplayError, replay
+    from rollflow.trial_record import read_config_record, resume_config
+
+    fresh = load_config(args.config, [*args.overrides, f"trial={args.trial}"])
+    _trial_storage(args)  # no such trial: status 2
+    storage = open_trial_storage(fresh)
+    record = read_config_record(storage)
+    cfg = resume_config(record, fresh, [], trained_version=0).cfg if record else fresh
+    if record is None:
+        print(f"trial {args.trial} has no config record: replaying with {args.config} and the overrides")
+    try:
+        report = replay(
+            cfg,
+            storage,
+            to_version=args.to,
+            work_dir=args.work_dir,
+            from_resume_point=args.from_resume_point,
+            keep=args.keep,
+        )
+    except ReplayError as exc:
+        raise CommandError(str(exc)) from None
+    print(report.summary())
+    return 0 if report.identical else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rollflow", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -321,6 +351,21 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("--port", type=int, default=8765)
     view.add_argument("--api-key", default=None, help="require this key (default: $ROLLFLOW_VIEWER_API_KEY)")
     view.add_argument("overrides", nargs="*")
+
+    rep = sub.add_parser(
+        "replay", help="retrain a trial to vN from its own record, compare with its checkpoint"
+    )
+    rep.add_argument("trial")
+    rep.add_argument("--to", type=int, required=True, help="the version to reach (a committed checkpoint)")
+    rep.add_argument("--config", default=DEFAULT_CONFIG)
+    rep.add_argument(
+        "--from-resume-point", action="store_true", help="start at the newest resume point below --to"
+    )
+    rep.add_argument("--work-dir", default="runs/replay", help="where the scratch trial is trained")
+    rep.add_argument(
+        "--keep", action="store_true", help="keep the scratch trial (its checkpoints) afterwards"
+    )
+    rep.add_argument("overrides", nargs="*")
 
     plan = sub.add_parser("plan", help="resolve the GPU config, commands and pool variables without a GPU")
     plan.add_argument("--config", default=PLAN_CONFIG)
@@ -410,6 +455,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _query(args)
     if args.command == "view":
         return _view(args)
+    if args.command == "replay":
+        return _replay(args)
     return _plan(args)
 
 
