@@ -20,9 +20,12 @@ from storage.errors import (
     CheckpointNotFoundError,
     CommitConflictError,
     CorruptShardError,
+    ImpossibleVersionError,
     InvalidTrajectoryError,
+    MixedPromptGroupError,
     SchemaMismatchError,
     StorageError,
+    UnsafePathError,
 )
 from storage.fs import Storage
 from storage.schema import (
@@ -49,7 +52,9 @@ __all__ = [
     "CommitRecord",
     "CorruptShardError",
     "FileDigest",
+    "ImpossibleVersionError",
     "InvalidTrajectoryError",
+    "MixedPromptGroupError",
     "ReaderCursor",
     "SchemaMismatchError",
     "ShardReader",
@@ -59,6 +64,7 @@ __all__ = [
     "TakeResult",
     "TrajectoryGroup",
     "TrajectoryRow",
+    "UnsafePathError",
     "groups_to_table",
     "table_to_groups",
     "validate_table",
