@@ -3,7 +3,8 @@
 It fetches and verifies the checkpoint, serves it on a private inference server, scores the split
 greedily and writes a Prefect table artifact (and the accuracy as the flow's result). The score is
 recorded under the checkpoint's version (``eval/v{N}.json``), never the private server's starting
-version 0, so the trial's 'before' score stays as it was.
+version 0, so the trial's 'before' score stays as it was. The trial's recorded config (``record/config.json``)
+is what it scores with, so the held-out set is the one the trial was scored on; overrides go on top.
 Run locally: python -m flows.evaluate --config configs/tiny_cpu.yaml --version 20
 """
 
@@ -44,7 +45,9 @@ def evaluate(
 
     configure_process_env()
     with core_logs_to_this_run():
-        cfg = resolve_config(config, overrides or [], data=config_data(settings))
+        cfg = _as_recorded(
+            resolve_config(config, overrides or [], data=config_data(settings)), overrides or []
+        )
         configure_process_env(cfg)
         store = CheckpointStore(open_trial_storage(cfg))
         if version < 0:
@@ -75,6 +78,20 @@ def evaluate(
         finally:
             stop_servers(servers)
         return {k: v for k, v in result.items() if k != "rows"} | {"checkpoint_version": version}
+
+
+def _as_recorded(cfg: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
+    """The trial's recorded config (what it trained with: its data, model and evaluation set), with this
+    evaluation's own overrides on top; ``cfg`` as given for a trial without a record."""
+    from rollflow.configuration.loader import load_config, to_dict
+    from rollflow.trial_record import read_config_record, resume_config, resume_overrides
+
+    record = read_config_record(open_trial_storage(cfg))
+    if record is None:
+        return cfg
+    recorded = resume_config(record, cfg, [], trained_version=0).cfg
+    given = resume_overrides(overrides)
+    return load_config(data=to_dict(recorded), overrides=given) if given else recorded
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,7 +51,9 @@ def record_eval(
 ) -> None:
     """Write ``eval/v{version}.json`` in the trial's storage (``rollflow.trial_record.write_eval_record``:
     v0, the 'before' score, is never replaced); ``version``: the checkpoint version scored (default: the
-    one the servers reported)."""
+    one the servers reported). A score on another evaluation set than the trial's (another split or
+    ``eval.n_prompts``: its digest differs from the base split's) is not recorded, so the records of a
+    trial stay comparable."""
     import time
 
     scored = result.version if version is None else int(version)
@@ -68,7 +70,14 @@ def record_eval(
         **(retention or {}),
     }
     try:
-        if not write_eval_record(open_trial_storage(cfg), doc):
+        storage = open_trial_storage(cfg)
+        split = read_base_split(storage)
+        if split is not None and result.eval_set and split.eval_set != result.eval_set:
+            get_run_logger().info(
+                "v%d was scored on another evaluation set than the trial's; not recorded in eval/", scored
+            )
+            return
+        if not write_eval_record(storage, doc):
             get_run_logger().info(
                 "the 'before' score (v0) is kept; this %s score of v0 is not recorded", label
             )

@@ -80,8 +80,10 @@ def test_a_resume_keeps_the_trials_settings_and_the_before_score(
     assert tags["rollflow.resume.overrides"] == "train.steps=5"
     assert storage.get_json("record/config.json")["config"]["train"]["steps"] == 5
 
-    # scoring the latest checkpoint records it under its own version; the 'before' score stays
-    scored = evaluate(config="configs/tiny_cpu.yaml", overrides=[*where, "trial=rec", "eval.n_prompts=40"])
-    assert scored["checkpoint_version"] == 5 and scored["version"] == 5
+    # scoring the latest checkpoint records it under its own version, on the trial's own evaluation set
+    # (its recorded 40 prompts, not the YAML's); the 'before' score stays
+    scored = evaluate(config="configs/tiny_cpu.yaml", overrides=[*where, "trial=rec"])
+    assert scored["checkpoint_version"] == 5 and scored["version"] == 5 and scored["n"] == 40
     assert storage.get_json("eval/v000005.json")["label"] == "v5"
+    assert storage.get_json("eval/v000005.json")["eval_set"] == before["eval_set"]
     assert storage.get_json("eval/v000000.json") == before
