@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM := false
 # core while the other waits (spinning threads made 2-thread torch 4-7x slower on a busy 2-core machine).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test test-fast lint format docs bench bench-peer clean
+.PHONY: install demo test test-fast lint format docs bench bench-peer bench-suite clean
 
 # Headless Chromium for the trajectory viewer's browser tests (tests/trajectories): Debian's package.
 browser:
@@ -117,6 +117,13 @@ vllm-venv: $(VLLM_STAMP)
 PEER_CONFIG ?= configs/tiny_hard.yaml
 bench-peer: install trl-venv
 	$(PY) -m bench.peer --config $(PEER_CONFIG) $(ARGS)
+
+# The learning suite (docs/learning.md, "The suite"): the test families, 5 seeds x 240 s, TRL then rollflow at the
+# candidate defaults, about 2.3-2.5 hours on 2 idle cores; one table and one picture in bench/results/suite/.
+# SUITE_ARGS="--families dev" runs the dev families instead (about 3.2 hours).
+SUITE_ARGS ?= --families test
+bench-suite: install trl-venv
+	$(PY) -m bench.suite.run $(SUITE_ARGS) $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

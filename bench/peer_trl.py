@@ -96,7 +96,15 @@ SPEC_KEYS: dict[str, tuple[type, ...]] = {
     "threads": (int,),
     "out_dir": (str,),
 }
-OPTIONAL_KEYS: dict[str, tuple[type, ...]] = {"reward_fn": (str,), "snapshot_steps": (list,)}
+OPTIONAL_KEYS: dict[str, tuple[type, ...]] = {
+    "reward_fn": (str,),
+    "snapshot_steps": (list,),
+    # read where the trainer is built (epsilon, epsilon_high, num_iterations); before they were listed here
+    # the harness logged them as "ignoring unknown spec keys" although they were used
+    "eps_clip": (int, float),
+    "eps_clip_higher": (int, float, type(None)),
+    "ppo_epochs": (int,),
+}
 
 
 class SpecError(ValueError):

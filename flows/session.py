@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from rollflow.api.config import ExperimentConfig
+from rollflow.api.config import ExperimentConfig, ReasoningGymConfig
 from rollflow.api.errors import RollflowError
 from rollflow.configuration.loader import load_config, read_yaml, to_dict
 from rollflow.configuration.trial_storage import open_trial_storage
@@ -231,7 +231,8 @@ class RLRun:
     Args:
         model: a Hugging Face model directory or hub id ``org/name`` (``model_settings``; None keeps the
             config's).
-        dataset: rows, a ``datasets.Dataset``/``DatasetDict`` or a file path (None keeps the config's).
+        dataset: rows, a ``datasets.Dataset``/``DatasetDict``, a file path, or a ``ReasoningGymConfig``
+            (a reasoning-gym generator as prompts and reward; None keeps the config's).
         reward_fn: a callable or ``"pkg.module:name"`` (None keeps the config's).
         config: a YAML path, an ``ExperimentConfig`` or a dict of settings.
         eval_dataset: held-out rows (default: a seeded tenth of ``dataset``, at most 200).
@@ -268,7 +269,10 @@ class RLRun:
         elif not isinstance(config, ExperimentConfig) and "experiment" not in tree:
             tree["experiment"] = default_experiment(tree.get("model", {}).get("path"))
         seed = int(tree.get("seed", ExperimentConfig().seed))
-        if dataset is not None:
+        if isinstance(dataset, ReasoningGymConfig):  # a reasoning-gym task, scored by its own verifier
+            section = tree.setdefault("dataset", {})
+            section.update({"kind": "reasoning_gym", "reasoning_gym": dataclasses.asdict(dataset)})
+        elif dataset is not None:
             section = tree.setdefault("dataset", {})
             section.update(dataset_tree(dataset, eval_dataset, seed=seed))
         if reward_fn is not None:

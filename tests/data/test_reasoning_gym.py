@@ -104,6 +104,8 @@ def test_rlrun_dict_config_and_the_warm_start_family_use_the_easier_setting() ->
                         "dataset.reasoning_gym.warm_start_params": {**PARAMS, "max_digits": 1}})  # fmt: skip
     rg = run.settings.dataset.reasoning_gym
     assert run.settings.dataset.reward_fn.endswith("reasoning_gym:reasoning_gym_reward")
+    typed = RLRun(dataset=rg)  # the config object itself, as the dataset
+    assert typed.settings.dataset.kind == "reasoning_gym" and typed.settings.dataset.reasoning_gym == rg
     family = task_module(reasoning_gym_key(rg))  # what model.bootstrap_tiny warm-starts on
     assert family.warm_start_pool() == warm_start_task(rg).warm_start_pool()
     # the easier setting: one-digit operands only

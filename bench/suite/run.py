@@ -1,0 +1,125 @@
+"""``make bench-suite``: run the suite's families side by side with TRL, then print the table and draw the picture.
+
+What it is: for each selected family (``bench.suite.families``; default: the **test** families) it
+writes the family's config, runs ``python -m bench.peer`` on it (per seed TRL, then rollflow, one after
+the other on this machine; no synchronous baseline) with every learning key at the candidate default
+(``candidate_overrides``), into ``<out>/<family>/``, then prints ``bench.suite.report``'s table and
+``key value`` lines and writes ``<out>/summary.txt``, ``<out>/suite.json`` and ``<out>/suite.png``.
+
+Options: ``--families`` (names, ``dev``, ``test`` or ``all``), ``--seeds`` (default 1-5), ``--seconds`` (the
+horizon, default 240), ``--eval-times`` (the table's columns), ``--snapshot-every`` (seconds between
+weight snapshots, each scored off the clock), ``--size`` / ``--eval-size`` (a reasoning-gym family's
+prompts), ``--calibrate`` (only build each family's warm start and print its base accuracy and solved
+share: run it first, a base outside 0.1-0.4 means the warm-start setting must change), ``--report-only``
+(only rebuild the table and picture from results already there), and dotted overrides for both systems.
+
+How long: per family ``seeds x 2 systems x (horizon + ~25 s start-up and scoring)``, plus one warm start
+(~1.5 min idle). The test run (3 families x 5 seeds x 2 x 240 s) is about 2.3-2.5 hours on 2 idle cores;
+``--families dev`` (4 families) about 3.2 hours.
+
+Smoke run (about 4 minutes on a loaded 2-core machine; proves the path end to end, measures nothing; use a
+dev family, so no test family is looked at)::
+
+    python -m bench.suite.run --families count_bits --seeds 1 --seconds 20 --snapshot-every 10 --eval-times 10 20 \\
+        --size 200 --eval-size 40 --out runs/suite-smoke model.tiny.warm_start_steps=50
+
+What it is not: a tuner; the rule for defaults (docs/learning.md) reads its table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.suite.families import FAMILIES, ROOT, Family, candidate_overrides, family_config, select
+from bench.suite.report import load, plot, table
+
+
+def calibrate(f: Family, config: Path, overrides: list[str]) -> dict[str, float]:
+    """Build ``f``'s starting model and score it greedy on the held-out set: base accuracy (= solved share)."""
+    from bench.peer import start_model
+    from bench.peer_eval import SnapshotScorer
+    from rollflow.api.workflow import import_string
+    from rollflow.configuration.loader import load_config
+    from rollflow.data import load_prompts
+    from rollflow.models.bootstrap import bootstrap_for
+
+    cfg = load_config(config, overrides)
+    if cfg.model.bootstrap_tiny:
+        path = bootstrap_for(cfg)
+    else:
+        path = start_model(config, cfg.model.path)
+    rows = load_prompts(cfg.dataset, cfg.eval.split or cfg.dataset.eval_split)[: cfg.eval.n_prompts or None]
+    gen = cfg.rollout.generation
+    scorer = SnapshotScorer(
+        path, rows, import_string(cfg.dataset.reward_fn), max_new_tokens=gen.max_new_tokens
+    )
+    correct = scorer.correct(None)
+    acc = sum(correct) / max(1, len(correct))
+    return {"base_acc": acc, "base_solved": float(sum(correct)), "n_eval": float(len(correct))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.suite.run", description=__doc__.split("\n")[0])
+    p.add_argument("--families", nargs="+", default=["test"], help="names, dev, test or all (default: test)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    p.add_argument("--seconds", type=float, default=240.0, help="the horizon: training seconds per run")
+    p.add_argument("--eval-times", type=float, nargs="+", default=[30, 60, 120, 180, 240])
+    p.add_argument("--snapshot-every", type=float, default=15.0)
+    p.add_argument("--size", type=int, default=2000, help="a reasoning-gym family's training prompts")
+    p.add_argument("--eval-size", type=int, default=200, help="a reasoning-gym family's held-out prompts")
+    p.add_argument("--systems", nargs="+", default=["trl", "rollflow"], choices=["trl", "rollflow"])
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "suite"))
+    p.add_argument("--calibrate", action="store_true", help="only build the warm starts and print the base")
+    p.add_argument("--report-only", action="store_true", help="only rebuild the table and the picture")
+    p.add_argument("overrides", nargs="*", help="dotted config overrides for both systems")
+    args = p.parse_args(argv)
+
+    families = select(args.families)
+    out = Path(args.out).resolve()
+    configs = out / "configs"
+    splits = {f.name: f.split for f in FAMILIES.values()}
+    times = [t for t in args.eval_times if t <= args.seconds]
+    overrides = [*candidate_overrides(), *args.overrides]
+    for f in families:
+        config = family_config(f, configs, size=args.size, eval_size=args.eval_size)
+        if args.calibrate:
+            base = calibrate(f, config, overrides)
+            in_range = "ok" if 0.1 <= base["base_acc"] <= 0.4 else "OUT OF 0.1-0.4"
+            print(f"suite_{f.name}_base_acc {base['base_acc']:.3f}  # {f.split}, {in_range}", flush=True)
+            print(f"suite_{f.name}_base_solved {base['base_solved']:.0f}/{base['n_eval']:.0f}", flush=True)
+            continue
+        if args.report_only:
+            continue
+        cmd = [
+            sys.executable, "-m", "bench.peer", "--config", str(config), "--seeds", *map(str, args.seeds),
+            "--seconds", str(args.seconds), "--sync-seconds", "0", "--snapshot-every", str(args.snapshot_every),
+            "--systems", *args.systems, "--out", str(out / f.name), *overrides,
+        ]  # fmt: skip
+        print(f"# {f.name} ({f.split}): {' '.join(cmd[2:])}", flush=True)
+        subprocess.run(cmd, cwd=ROOT, check=True)
+    if args.calibrate:
+        return 0
+    docs = load(out, [f.name for f in families])
+    if not docs:
+        print(f"bench.suite: no results under {out}", file=sys.stderr)
+        return 1
+    text, keys = table(docs, splits, times, args.seconds)
+    print(text)
+    for k, v in keys.items():
+        print(f"{k} {v}")
+    (out / "summary.txt").write_text(text + "\n\n" + "\n".join(f"{k} {v}" for k, v in keys.items()) + "\n")
+    meta = {"families": [dataclasses.asdict(f) for f in families], "seeds": args.seeds, "horizon_s": args.seconds,
+            "eval_times": times, "overrides": overrides, "keys": keys}  # fmt: skip
+    (out / "suite.json").write_text(json.dumps(meta, indent=1))
+    plot(docs, splits, out / "suite.png", args.seconds)
+    print(f"# wrote {out / 'summary.txt'}, suite.json and suite.png", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

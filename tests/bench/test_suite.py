@@ -1,0 +1,74 @@
+"""bench.suite: the candidate defaults reach every family whatever its config tuned; the table's numbers.
+
+The table is checked on two hand-made families of two seeds each (numbers worked out by hand below);
+the whole path (warm start, both systems, scoring) is the smoke run in bench/suite/run.py's docstring.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.suite.families import FAMILIES, candidate_overrides, family_config, select
+from bench.suite.report import table
+from rollflow.configuration.loader import load_config
+
+
+def test_the_split_is_fixed_and_has_at_least_four_reasoning_gym_families() -> None:
+    rg = [f for f in FAMILIES.values() if f.task is not None]
+    assert len(rg) >= 4 and {"add_gap", "sub_gap"} <= FAMILIES.keys()
+    assert {f.name for f in select(["test"])} == {"chain_sum", "gcd", "products"}
+    assert {"add_gap", "sub_gap"} <= {
+        f.name for f in select(["dev"])
+    }  # every default so far was tuned on them
+    with pytest.raises(SystemExit, match="unknown family 'gdc'"):
+        select(["gdc"])
+
+
+def test_a_tuned_config_runs_at_the_candidate_defaults(tmp_path: Path) -> None:
+    """configs/tiny_hard.yaml sets two passes, staleness 1 and the curriculum; the suite overrides them."""
+    cfg = load_config(family_config(FAMILIES["add_gap"], tmp_path), candidate_overrides())
+    assert (cfg.train.ppo_epochs, cfg.rollout.max_staleness, cfg.rollout.shard_flush_rows) == (1, 2, None)
+    assert cfg.rollout.curriculum_probs() == (0.0, 0.0)
+    gcd = load_config(family_config(FAMILIES["gcd"], tmp_path, size=30, eval_size=10), candidate_overrides())
+    assert gcd.dataset.kind == "reasoning_gym" and gcd.dataset.reasoning_gym.params == {
+        "min_value": 1,
+        "max_value": 99,
+    }
+
+
+def _run(system: str, seed: int, curve: list[tuple[float, float]], solved: float) -> dict:
+    return {
+        "system": system,
+        "seed": seed,
+        "curve": curve,
+        "retention": [(0.0, 1.0, 0.0), (curve[-1][0], solved, 0.5)],
+    }
+
+
+def test_the_table_reads_medians_at_each_time_and_compares_with_trl() -> None:
+    # two seeds per system; the horizon is 60 s, the runs end a little past it (their final point counts)
+    doc = {
+        "base_acc": 0.25,
+        "summary": {"time_to_trl_final_ratio": "0.5", "rollflow_completions_to_0.8": "none"},
+        "runs": [
+            _run("trl", 1, [(0.0, 0.25), (30.0, 0.3), (61.0, 0.5)], 0.9),
+            _run("trl", 2, [(0.0, 0.25), (30.0, 0.4), (62.0, 0.6)], 0.7),
+            _run("rollflow", 1, [(0.0, 0.25), (30.0, 0.2), (61.0, 0.7)], 0.8),
+            _run("rollflow", 2, [(0.0, 0.25), (30.0, 0.6), (60.5, 0.5)], 1.0),
+        ],
+    }
+    text, keys = table({"fam": doc}, {"fam": "test"}, [30.0, 60.0], 60.0)
+    # at 30 s: trl (0.3, 0.4) -> 0.35, rollflow (0.2, 0.6) -> 0.4; at 60 s: trl (0.5, 0.6) -> 0.55,
+    # rollflow (0.7, 0.5) -> 0.6; retention at 60 s: trl (0.9, 0.7) -> 0.8, rollflow (0.8, 1.0) -> 0.9
+    assert keys["suite_fam_trl_acc_at_30s"] == "0.350" and keys["suite_fam_rollflow_acc_at_30s"] == "0.400"
+    assert keys["suite_fam_trl_acc_at_60s"] == "0.550" and keys["suite_fam_rollflow_acc_at_60s"] == "0.600"
+    assert keys["suite_fam_trl_retention"] == "0.800" and keys["suite_fam_rollflow_retention"] == "0.900"
+    assert keys["suite_fam_rollflow_ge_trl_after_30s"] == "yes"  # only 60 s counts (after the first 30 s)
+    assert keys["suite_fam_time_to_trl_final_ratio"] == "0.5" and "0.400 (0.20..0.60)" in text
+    doc["runs"][3]["curve"][-1] = (60.5, 0.3)  # rollflow (0.7, 0.3) -> 0.5 < 0.55 at 60 s
+    assert (
+        table({"fam": doc}, {"fam": "test"}, [30.0, 60.0], 60.0)[1]["suite_fam_rollflow_ge_trl_after_30s"]
+        == "no"
+    )
