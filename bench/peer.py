@@ -42,7 +42,8 @@ run of either system did not reach step N; the spread is of the per-seed ratios)
 ``sync_step_vs_gen_plus_train`` (the synchronous step against its generation + training); for rollflow
 and its synchronous baseline, where the time went (``rollflow.timing``): ``{system}_core_busy_min`` (the
 least busy core's share of the race), ``{system}_trainer_waiting_data_frac``,
-``{system}_rollout_capacity_wait_frac``, ``{system}_rollout_paused_frac``, ``{system}_server_busy_frac``,
+``{system}_rollout_capacity_wait_frac``, ``{system}_rollout_paused_frac``, the rollout's other named waits
+``{system}_rollout_flush_wait_frac`` / ``_claim_wait_frac`` / ``_idle_frac``, ``{system}_server_busy_frac``,
 and a ``# {system} time:`` line saying which role waits for which (the median-steps seed's).
 
 Run it (from the repository root: the configs' relative paths are relative to it)::
@@ -469,6 +470,10 @@ TIMING_KEYS = {
     "trainer_waiting_data_frac": "time/trainer/waiting_data_frac",
     "rollout_capacity_wait_frac": "time/rollout/capacity_wait_frac",
     "rollout_paused_frac": "time/rollout/paused_frac",
+    # the rollout's other named waits (rollflow.timing.clock): no "idle" without a cause
+    "rollout_flush_wait_frac": "time/rollout/flush_wait_frac",
+    "rollout_claim_wait_frac": "time/rollout/claim_wait_frac",
+    "rollout_idle_frac": "time/rollout/idle_frac",
     "server_busy_frac": "time/server0/busy_frac",
 }
 
