@@ -4,6 +4,8 @@ Run:  .venv/bin/python -m bench.storage            (about 2-3 minutes on 2 cores
       .venv/bin/python -m bench.storage --quick    (fewer repetitions, smoke run)
       .venv/bin/python -m bench.storage --delta    (+ the delta-checkpoint figures, about 3 more minutes)
       .venv/bin/python -m bench.storage --delta-only   (those alone: bench/results/storage_delta.json)
+      .venv/bin/python -m bench.storage --size 1.5b --lora   (real sizes: bench/storage_sizes.py says how;
+                                                              bench/results/storage_<size>.json)
 
 Prints one `name value` line per figure and writes them to bench/results/storage.json (raw timings in
 storage_details.json). Every figure is median(ours) / median(raw) over interleaved repetitions, both
@@ -310,7 +312,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--delta-steps", type=int, default=30, help="trainer steps per delta run (default 30)")
     model_help = "a built tiny model dir (e.g. runs/models/tiny) instead of building one (~40 s)"
     ap.add_argument("--delta-model", default=None, help=model_help)
+    ap.add_argument(
+        "--size", choices=["tiny", "0.5b", "1.5b"], default=None, help="a Qwen2-shaped model instead"
+    )
+    ap.add_argument("--lora", action="store_true", help="--size: also a rank-64 adapter on that shape")
+    ap.add_argument("--reps", type=int, default=3, help="--size: repetitions per variant (median reported)")
+    ap.add_argument("--dir", default=None, help="--size: where the files go (default: the temp dir)")
     args = ap.parse_args(argv)
+    if args.size:
+        return main_sizes(args)
     if args.delta_steps < 2:
         ap.error("--delta-steps must be >= 2 (the figures are medians over consecutive version pairs)")
     shard_reps, ckpt_reps, ckpt_reps_s3 = (3, 2, 1) if args.quick else (15, 5, 3)
@@ -384,6 +394,25 @@ def main(argv: list[str] | None = None) -> None:
     details["wall_s"] = round(time.perf_counter() - t_start, 1)
     out = report("storage", figures, details)
     print(f"# wrote {out} in {details['wall_s']} s", flush=True)
+
+
+def main_sizes(args: argparse.Namespace) -> None:
+    """``--size``: publish / fetch / load of a real-size model against plain safetensors (storage_sizes)."""
+    import torch
+
+    from bench.storage_sizes import measure
+
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    with tempfile.TemporaryDirectory(prefix="rollflow-bench-size-", dir=args.dir) as tmp:
+        free_gb = shutil.disk_usage(tmp).free / 1e9
+        figures, details = measure(args.size, args.reps, Path(tmp) / "s", lora_rank=64 if args.lora else 0)
+    details["machine"] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "free_disk_GB": round(free_gb),
+    }
+    out = report(f"storage_{args.size}", figures, details)
+    print(f"# wrote {out}", flush=True)
 
 
 if __name__ == "__main__":
