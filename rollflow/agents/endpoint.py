@@ -29,9 +29,19 @@ asks: the trainer's importance weights and recomputed logprobs assume that distr
 ``max_tokens`` (default: the workflow's ``max_new_tokens``) is capped by the episode's token budget;
 its ``seed`` is honoured; the template's end-of-turn token is a stop token of chat calls.
 
+Tokenizing and rendering the chat template run off the event loop, on a small pool of tokenizer
+threads (``TOKENIZE_THREADS``; a fast tokenizer encodes concurrently as long as nobody changes its
+truncation or padding, and the endpoint never does), so a long message delays only its own call, never
+the other episodes served on the same loop. A body is read only up to the episode's byte limit,
+``max_body_bytes_per_token * max_episode_tokens + BODY_SLACK_BYTES`` (a prompt longer than that could
+not fit the token budget anyway): a larger one gets 413 ``request_too_large`` before anything is parsed
+or tokenized.
+
 Errors, in OpenAI's envelope: 400 for a request the endpoint cannot serve (``AgentRequestError``) or one
 that breaks an episode limit (``EpisodeLimitError``: ``max_turns_exceeded``, ``token_budget_exceeded``,
-``episode_stale``; the episode is dropped), 401/410 as above, 503 when the engine failed.
+``episode_stale``; the episode is dropped), 401/410 as above, 413 for a body over the limit, 503 when the
+engine failed. An error the endpoint did not foresee is a 500 ``internal_error`` envelope, never a
+traceback page. Refusals are logged at most once per client per minute (``RefusalLog``).
 
 What it is not: not a general OpenAI server (one choice, no embeddings, no server-side tools), and no
 episode logic beyond recording (``rollflow.workflows.agent``).
@@ -47,8 +57,10 @@ import logging
 import secrets
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -72,8 +84,13 @@ from rollflow.agents.tool_calls import ParsedReply, ToolFormat, parse_tool_calls
 from rollflow.api.errors import AgentRequestError, EpisodeLimitError, InferenceError, InvalidRequestError
 from rollflow.api.inference import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
 from rollflow.api.tokenizer import ChatTokenizer
+from rollflow.inference.refusal_log import RefusalLog
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TOKENIZE_THREADS = 4  # calls tokenized at once, off the event loop
+BODY_SLACK_BYTES = 64 * 1024  # room for the request's fields beyond the messages (tools, sampling, ...)
 
 _LIMIT_CODES = {
     "max_turns": "max_turns_exceeded",
@@ -126,6 +143,7 @@ class AgentEndpoint:
         counts: AgentCounts | None = None,
         max_closed_keys: int = 65536,
         tool_format: ToolFormat = "hermes",
+        max_body_bytes_per_token: int = 64,
     ) -> None:
         self.tokenizer = tokenizer
         self.prompter = ChatPrompter(tokenizer, tool_format=tool_format)
@@ -141,6 +159,9 @@ class AgentEndpoint:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock: asyncio.Lock | None = None
         self._bound_port: int | None = None
+        self.max_body_bytes_per_token = max_body_bytes_per_token
+        self._refusals = RefusalLog(logger)
+        self._tokenize_pool: ThreadPoolExecutor | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
@@ -189,6 +210,22 @@ class AgentEndpoint:
         if self._runner is not None and self._loop is asyncio.get_running_loop():
             await self._runner.cleanup()
         self._runner, self._bound_port = None, None
+        if self._tokenize_pool is not None:
+            self._tokenize_pool.shutdown(wait=False)
+            self._tokenize_pool = None
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` on a tokenizer thread: tokenizing a long message never blocks the
+        loop that serves every other episode."""
+        if self._tokenize_pool is None:
+            self._tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="agent-tokenize")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenize_pool, functools.partial(fn, *args, **kwargs))
+
+    def body_limit(self, handle: EpisodeHandle) -> int:
+        """The largest request body (bytes) this episode's calls may send (module docstring)."""
+        budget = handle.recorder.limits.max_episode_tokens
+        return self.max_body_bytes_per_token * budget + BODY_SLACK_BYTES
 
     # --- episodes --------------------------------------------------------------------------------------
 
@@ -228,7 +265,7 @@ class AgentEndpoint:
         owner = handle.episode_id if handle is not None else self._closed_keys.get(key, (None, ""))[0]
         if owner is not None and wanted is not None and wanted != owner:
             self.counts.calls_refused_foreign_key += 1
-            logger.warning("agent endpoint: refused episode %s's key on episode %s", owner, wanted)
+            self._refusals.refused(_client(request), f"episode {owner}'s key used on episode {wanted} (401)")
             raise _unauthorized(
                 "this api key belongs to another episode: use the api_key given with this base_url"
             )
@@ -240,13 +277,31 @@ class AgentEndpoint:
                 f"this episode is over ({self._closed_keys[key][1]}); its api key no longer works"
             )
         self.counts.calls_refused_unknown_key += 1
-        logger.warning("agent endpoint: refused a call with an unknown api key (%s)", request.path)
+        self._refusals.refused(_client(request), f"a call with an unknown api key on {request.path} (401)")
         what = "no api key (send Authorization: Bearer <api_key>)" if not key else "unknown api key"
         raise _unauthorized(f"{what}: use the api_key rollflow gave the agent with this base_url")
 
-    async def _json(self, request: web.Request) -> Any:
+    async def _json(self, request: web.Request, limit: int) -> Any:
+        """The body as JSON, read only up to ``limit`` bytes (413 past it, before any parsing)."""
+        too_large = _HTTPError(
+            413,
+            f"the request body is larger than this episode's limit of {limit} bytes "
+            f"({self.max_body_bytes_per_token} bytes per token of its max_episode_tokens budget): a prompt "
+            "that long could not fit the budget; send shorter messages",
+            type_="invalid_request_error",
+            code="request_too_large",
+        )
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large
+        chunks, n = [], 0
+        while chunk := await request.content.read(65536):
+            n += len(chunk)
+            if n > limit:
+                raise too_large
+            chunks.append(chunk)
+        raw = b"".join(chunks)
         try:
-            return json.loads(await request.read())
+            return json.loads(raw) if len(raw) < 65536 else await self._off_loop(json.loads, raw)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise AgentRequestError(
                 f"the body is not JSON: {type(exc).__name__}", code="invalid_json"
@@ -255,23 +310,36 @@ class AgentEndpoint:
     async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
         try:
             handle = self._authenticate(request)
-            body = await self._json(request)
+            body = await self._json(request, self.body_limit(handle))
             if kind == "chat":
                 reply, stream = await self._achat(handle, parse_chat_request(body))
             else:
                 reply, stream = await self._acompletion(handle, parse_completion_request(body))
         except _HTTPError as e:
+            if e.status in (400, 413):
+                self._refusals.refused(_client(request), f"{e.status} {e.code}: {e}")
             return web.json_response(
                 error_body(str(e), type_=e.type_, param=e.param, code=e.code), status=e.status
             )
         except AgentRequestError as e:
             self.counts.calls_invalid += 1
+            self._refusals.refused(_client(request), f"400 {e.code or 'invalid_request'}: {e}")
             return web.json_response(error_body(str(e), param=e.param, code=e.code), status=400)
         except ConnectionResetError:
             # the agent went away before its request was read: at the end of a run, or an agent that was
             # cancelled or timed out. Nobody is there to answer; no traceback.
             logger.debug("agent endpoint: the client closed the connection before its request was read")
             return web.Response(status=499)
+        except web.HTTPException:
+            raise
+        except Exception as e:  # a case nobody foresaw: an envelope, never aiohttp's traceback page
+            self._refusals.refused(_client(request), f"500 {type(e).__name__}: {e}", exc_info=e)
+            return web.json_response(
+                error_body(
+                    f"internal error: {type(e).__name__}", type_="server_error", code="internal_error"
+                ),
+                status=500,
+            )
         if not stream:
             return web.json_response(reply)
         events = chat_chunks(reply) if kind == "chat" else completion_chunks(reply)
@@ -292,18 +360,18 @@ class AgentEndpoint:
         last = rec.calls[-1] if rec.calls else None
         ids: list[int] | None = None
         if last is not None and last.kind == "chat" and last.messages is not None and last.reply is not None:
-            delta = self.prompter.delta_ids(
-                last.messages, last.tools, last.reply, req.messages, req.tools,
+            delta = await self._off_loop(
+                self.prompter.delta_ids, last.messages, last.tools, last.reply, req.messages, req.tools,
                 last_token=last.output_ids[-1] if last.output_ids else None,
             )  # fmt: skip
             if delta is not None:
                 ids = last.context + delta
         if ids is None:
-            ids = self.prompter.full_ids(req.messages, req.tools)
+            ids = await self._off_loop(self.prompter.full_ids, req.messages, req.tools)
         eot = self.prompter.end_of_turn_id  # ignore_eos: the agent wants no stop at the turn's end either
         stops = [eot] if eot is not None and not req.ignore_eos else []
         call, res = await self._agenerate(handle, req, ids, "chat", extra_stops=stops)
-        text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
+        text = await self._off_loop(self.tokenizer.decode, res.output_ids, skip_special_tokens=True)
         parsed = (
             parse_tool_calls(text, turn=call.index, fmt=self.prompter.tool_format)
             if req.tools and req.tool_choice == "auto"
@@ -325,7 +393,7 @@ class AgentEndpoint:
             n_prompt=len(ids),
             n_completion=len(res.output_ids),
             fingerprint=self._fingerprint(res),
-            logprobs=self._logprobs(res) if req.logprobs else None,
+            logprobs=await self._logprobs(res) if req.logprobs else None,
         )
         return reply, req.stream
 
@@ -341,11 +409,12 @@ class AgentEndpoint:
             if last is not None and last.kind == "completion" and last.prompt_text is not None:
                 before = last.prompt_text + last.text
                 if req.prompt.startswith(before) and len(req.prompt) > len(before):
-                    ids = last.context + self._encode_text(req.prompt[len(before) :], first=False)
+                    suffix = req.prompt[len(before) :]
+                    ids = last.context + await self._off_loop(self._encode_text, suffix, first=False)
             if ids is None:
-                ids = self._encode_text(req.prompt, first=True)
+                ids = await self._off_loop(self._encode_text, req.prompt, first=True)
         call, res = await self._agenerate(handle, req, ids, "completion", extra_stops=[])
-        call.text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
+        call.text = await self._off_loop(self.tokenizer.decode, res.output_ids, skip_special_tokens=True)
         call.prompt_text = req.prompt if isinstance(req.prompt, str) else None
         self._record(handle, call)
         reply = completion_response(
@@ -356,7 +425,7 @@ class AgentEndpoint:
             n_prompt=len(ids),
             n_completion=len(res.output_ids),
             fingerprint=self._fingerprint(res),
-            logprobs=self._logprobs(res) if req.logprobs else None,
+            logprobs=await self._logprobs(res) if req.logprobs else None,
         )
         return reply, req.stream
 
@@ -450,6 +519,12 @@ class AgentEndpoint:
     def _fingerprint(self, res: GenerateResult) -> str:
         return f"rollflow-v{max(res.output_versions)}" if res.output_versions else "rollflow"
 
-    def _logprobs(self, res: GenerateResult) -> tuple[list[str], list[float]]:
-        tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in res.output_ids]
-        return tokens, list(res.output_logprobs)
+    async def _logprobs(self, res: GenerateResult) -> tuple[list[str], list[float]]:
+        def decode_each() -> list[str]:
+            return [self.tokenizer.decode([t], skip_special_tokens=False) for t in res.output_ids]
+
+        return await self._off_loop(decode_each), list(res.output_logprobs)
+
+
+def _client(request: web.Request) -> str:
+    return request.remote or "unknown"

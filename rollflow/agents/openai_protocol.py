@@ -198,6 +198,12 @@ def _check_tools(tools: Any) -> list[dict[str, Any]] | None:
         fn = tool.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise _bad(f"tools[{i}].function must have a 'name'", "tools")
+        params = fn.get("parameters")  # a JSON Schema object: {"type": "object", "properties": {...}}
+        if params is not None and not (
+            isinstance(params, dict) and isinstance(params.get("properties", {}), dict)
+        ):
+            what = "a JSON Schema object ({'type': 'object', 'properties': {...}})"
+            raise _bad(f"tools[{i}].function.parameters must be {what}", "tools")
     return tools
 
 

@@ -158,8 +158,11 @@ def tools_system_text(tools: list[dict[str, Any]], fmt: ToolFormat = "hermes") -
     if fmt == "pythonic":
         sigs = []
         for t in tools:
-            fn = t.get("function", t)
-            params = ", ".join((fn.get("parameters") or {}).get("properties") or {})
+            fn = t.get("function", t) if isinstance(t, dict) else {}
+            fn = fn if isinstance(fn, dict) else {}
+            schema = fn.get("parameters")
+            props = schema.get("properties") if isinstance(schema, dict) else None
+            params = ", ".join(str(p) for p in props) if isinstance(props, dict) else ""  # names only
             desc = f" - {fn['description']}" if fn.get("description") else ""
             sigs.append(f"{fn.get('name', '')}({params}){desc}")
         return "tools: " + "; ".join(sigs)
