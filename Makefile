@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM := false
 # core while the other waits (spinning threads made 2-thread torch 4-7x slower on a busy 2-core machine).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test test-fast lint format docs bench bench-peer bench-suite clean
+.PHONY: install demo test test-plan test-fast lint format docs bench bench-peer bench-suite clean
 
 # Headless Chromium for the trajectory viewer's browser tests (tests/trajectories): Debian's package.
 browser:
@@ -50,8 +50,14 @@ DEMO_CONFIG ?= configs/tiny_hard.yaml
 demo: install  ## bootstrap the tiny model and run async GRPO on the embedded default
 	$(PY) -m flows.async_rl --config $(DEMO_CONFIG) $(ARGS)
 
-test: install trl-venv vllm-venv browser  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
+test: test-plan install trl-venv vllm-venv browser  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
 	$(VENV)/bin/pytest -q -ra --durations=25 $(PYTEST_ARGS)
+
+# Say what `make test` is about to build, and how big, before it builds it (only what is not built yet).
+test-plan:
+	@test -f $(STAMP) || echo "make test: building $(VENV) (rollflow and its test tools, about 2.6 GB, 3-5 minutes)"
+	@test -f $(TRL_STAMP) || echo "make test: building $(TRL_VENV) (TRL, for the race tests against it, about 1.6 GB, 3 minutes)"
+	@test -f $(VLLM_STAMP) || echo "make test: building $(VLLM_VENV) (vLLM's CPU build, for the vllm backend's tests, about 3.4 GB, 2 minutes)"
 
 test-fast: install
 	$(VENV)/bin/pytest -q -ra -m "not slow" $(PYTEST_ARGS)
@@ -112,7 +118,7 @@ $(VLLM_STAMP):
 
 vllm-venv: $(VLLM_STAMP)
 
-# Side by side with TRL (issues 9, 17): 5 seeds x 600 training seconds per system (about 2 hours on 2 cores), then the
+# Side by side with TRL: 5 seeds x 600 training seconds per system (about 2 hours on 2 cores), then the
 # synchronous baseline; prints key value lines, writes bench/results/peer_<config>.{json,png}.
 PEER_CONFIG ?= configs/tiny_hard.yaml
 bench-peer: install trl-venv

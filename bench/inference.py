@@ -68,6 +68,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -507,13 +508,31 @@ def bench_engines(
     return figures
 
 
+def default_engines() -> tuple[str, ...]:
+    """``local``, and ``vllm`` too when its venv is there; else say how to add it (``make bench`` after
+    ``make install`` has no ``.venv-vllm``)."""
+    from infra.vllm_launcher import vllm_python
+    from rollflow.api.config import InferenceConfig
+    from rollflow.api.errors import ServerStartupError
+
+    try:
+        vllm_python(InferenceConfig())
+    except ServerStartupError as exc:
+        print(f"engines: local only; {exc}; then `--engine local --engine vllm` races both", file=sys.stderr)
+        return ("local",)
+    return ("local", "vllm")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Inference benchmarks (see module docstring).")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     ap.add_argument("--engines", action="store_true", help="only the engines side by side (local_*, vllm_*)")
     ap.add_argument("--engine-reps", type=int, default=3, help="repetitions of the engine comparison")
     ap.add_argument(
-        "--engine", action="append", choices=["local", "vllm"], help="engines to compare (default: both)"
+        "--engine",
+        action="append",
+        choices=["local", "vllm"],
+        help="engines to compare (default: local, and vllm when .venv-vllm is there)",
     )
     args = ap.parse_args()
     reps = 2 if args.quick else 5
@@ -526,7 +545,7 @@ def main() -> None:
             figures.update(bench_throughput(root, reps + 2, details))
             figures.update(bench_weight_update(root, reps, details))
             figures.update(bench_server_load(root, reps, details))
-        engines = tuple(args.engine or ("local", "vllm"))
+        engines = tuple(args.engine or default_engines())
         figures.update(bench_engines(root, 1 if args.quick else args.engine_reps, details, engines))
     details["load_avg_at_end"] = os.getloadavg()
     report("inference_engines" if args.engines else "inference", figures, details)
