@@ -25,6 +25,10 @@ def _test_names(path: Path) -> set[str]:
 
 def test_every_row_names_tests_that_exist() -> None:
     rows = _rows()
+    stated = re.search(r"^(\d+) rows\.$", DOC.read_text(), re.M)
+    assert stated and int(stated.group(1)) == len(rows), (
+        f"the doc says {stated and stated.group(1)} rows, has {len(rows)}"
+    )
     assert len(rows) >= 35, f"the table should cover at least 35 malformed inputs, has {len(rows)}"
     for area, inp, _, tests in rows:
         refs = re.findall(r"(tests/[\w/]+\.py)::(test_\w+)", tests)
