@@ -111,3 +111,21 @@ def test_rlrun_dict_config_and_the_warm_start_family_use_the_easier_setting() ->
     # the easier setting: one-digit operands only
     assert all(len(n) == 1 for p in family.warm_start_pool() for n in re.findall(r"\d+", p.text))
     assert all(p.answer == family.warm_start_label(p, None, 1.0) for p in family.warm_start_pool()[:5])  # type: ignore[arg-type]
+
+
+def test_a_generator_whose_data_file_is_missing_fails_at_config_validation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Some generators read .json/.gz/.csv files a wheel may not ship: the first row is drawn at
+    load_config, and a missing file is a named error there, not a crash at the first training step."""
+    import reasoning_gym
+
+    from rollflow.data.reasoning_gym import ReasoningGymDataError
+
+    def missing(name: str, **kw: object) -> object:
+        raise FileNotFoundError(2, "No such file or directory", f"reasoning_gym/data/{name}.json.gz")
+
+    monkeypatch.setattr(reasoning_gym, "create_dataset", missing)
+    tree = {"dataset": {"kind": "reasoning_gym", "reasoning_gym": {"task": "count_bits", "seed": 99}}}
+    with pytest.raises(ReasoningGymDataError, match="count_bits.*data file.*count_bits.json.gz"):
+        load_config(data=tree)
