@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -98,7 +99,18 @@ def local_prefect_api(startup_timeout_s: float = 300.0) -> Iterator[str | None]:
 
 
 def _drain_prefect_queues(timeout_s: float) -> None:
-    """Send what Prefect's log and event workers still hold while the API answers, and stop them."""
+    """Send what Prefect's log and event workers still hold while the API answers, and stop them.
+
+    On a thread of its own: ``drain_all`` called where an event loop runs (a notebook kernel's main
+    thread) returns a coroutine instead of waiting, and that coroutine, never awaited, only warned
+    ``coroutine 'wait' was never awaited`` while nothing was flushed. A thread has no running loop, so
+    there it waits, as on the command line."""
+    done = threading.Thread(target=_drain_now, args=(timeout_s,), name="rollflow-prefect-drain", daemon=True)
+    done.start()
+    done.join(timeout_s * 2 + 5)
+
+
+def _drain_now(timeout_s: float) -> None:
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
