@@ -1,17 +1,23 @@
 """The GPU path resolved without a GPU: config, SGLang commands, torchrun command, pool job variables.
 
 What it is:
-- ``torchrun_command``: the trainer's launch line (``flows/train.py`` runs exactly this);
+- ``torchrun_command``: the trainer's launch line (``flows/train.py`` runs exactly this; with
+  ``train.nnodes > 1`` every node runs it, ``flows/train_node.py`` on nodes 1..N-1), with the c10d
+  rendezvous at ``rdzv_endpoint`` (``$ROLLFLOW_RDZV_ENDPOINT``, else ``train.rdzv_endpoint``);
 - ``sglang_commands``: one ``sglang.launch_server`` line per server, as ``infra/sglang_launcher``
   builds them (server i on GPUs ``base_gpu_id + i*tp_size`` ..);
-- ``pool_job_variables``: what the rollout and train deployments ask of their work pools:
-  ``gpu_count = inference.n_servers x inference.sglang.tp_size`` for rollout and
-  ``train.nproc_per_node`` for training, and the image (``ROLLFLOW_IMAGE``; missing = an error);
+- ``pool_job_variables``: what the GPU deployments ask of their work pools:
+  ``gpu_count = inference.n_servers x inference.sglang.tp_size`` for rollout,
+  ``train.nproc_per_node`` per trainer pod, one server's ``tp_size`` for the ``async-rl/gpu`` parent's
+  evaluation server, and the image (``ROLLFLOW_IMAGE``; missing = an error);
+- ``total_gpus``: the GPUs of a whole run by role, the count ``rollflow plan`` and docs/gpu.md quote;
 - ``gpu_plan``: all of the above for one config, as the ``async-rl/gpu`` deployment resolves it (its
-  ``DEPLOYMENT_OVERRIDES`` first: ``orchestration.mode=distributed``), with a short ``summary`` on top
-  (what runs where on how many GPUs), as a dict (``rollflow plan``, a test);
-- ``deployment_variables``: a ``prefect deploy`` build step (prefect-gpu.yaml) that returns the job
-  variables the GPU deployments template in, and fails the deploy when no image is set.
+  ``DEPLOYMENT_OVERRIDES`` first: ``orchestration.mode=distributed``; a config that names its own
+  ``orchestration.mode``, like the one-node ``configs/qwen_1node.yaml``, keeps it), with a short
+  ``summary`` on top (what runs where on how many GPUs), as a dict (``rollflow plan``, a test);
+- ``deployment_variables``: a ``prefect deploy`` build step (prefect-gpu.yaml) that returns the config
+  (``$ROLLFLOW_CONFIG``) and the job variables the GPU deployments template in, and fails the deploy
+  when no image is set.
 What it is not: a launcher. Nothing here starts a process or needs CUDA, SGLang or the network.
 """
 
@@ -36,9 +42,8 @@ class MissingImageError(ConfigError):
 DEPLOYMENT_OVERRIDES: tuple[str, ...] = ("orchestration.mode=distributed",)
 
 
-RDZV_ENV = (
-    "ROLLFLOW_RDZV_ENDPOINT"  # set per job by the Kubernetes pool (infra/work_pools/kubernetes-gpu.json)
-)
+# Set per job by the Kubernetes pool (infra/work_pools/kubernetes-gpu.json): pod 0's DNS name.
+RDZV_ENV = "ROLLFLOW_RDZV_ENDPOINT"
 
 
 def rdzv_endpoint(cfg: ExperimentConfig) -> str:
