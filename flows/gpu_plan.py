@@ -177,7 +177,9 @@ def gpu_plan(
 ) -> dict[str, Any]:
     """Everything the GPU deployments would run, resolved and checked, for a human or a test.
 
-    ``overrides`` go on top of ``DEPLOYMENT_OVERRIDES``; ``image`` defaults to ``$ROLLFLOW_IMAGE``.
+    ``overrides`` go on top of ``DEPLOYMENT_OVERRIDES``, unless the config file sets
+    ``orchestration.mode`` itself (``configs/qwen_1node.yaml`` says ``embedded``: one machine, no pools,
+    no image needed); ``image`` defaults to ``$ROLLFLOW_IMAGE``.
     ``rates`` = (sequences/s the trainer consumes, sequences/s one inference server produces), measured:
     the plan then recommends the inference GPUs for the trainer's (``split``; docs/scale.md).
     """
