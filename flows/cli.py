@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -423,6 +424,9 @@ def _inspect_argv(argv: list[str]) -> list[str]:
     return out
 
 
+_OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")  # a dotted override: key.path=value
+
+
 def _main(argv: list[str]) -> int:
     if argv[:1] == ["inspect"]:  # its own parser, and no Prefect import
         from rollflow.rollout.inspect import main as inspect_main
@@ -434,7 +438,12 @@ def _main(argv: list[str]) -> int:
             words[at], project = config_path(words[at])
         with in_dir(project):
             return inspect_main(words, prog="rollflow inspect")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command in ("query", "view", "replay") and all(_OVERRIDE.match(w) for w in extra):
+        args.overrides += extra  # dotted overrides after the options (argparse stops at the first option)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     project = Path.cwd()
     if getattr(args, "config", None):
         args.config, project = config_path(args.config)

@@ -37,7 +37,7 @@ td.text { text-align: left; font-family: ui-monospace, monospace; white-space: p
   overflow-wrap: anywhere; }
 .strip { font-family: ui-monospace, monospace; white-space: pre-wrap; overflow-wrap: anywhere; line-height: 1.9;
   border: 1px solid #ddd; padding: 6px; max-width: 70em; }
-.strip span { padding: 1px 0; border-radius: 2px; }
+.strip span { padding: 1px 0; border-radius: 2px; box-shadow: inset -1px 0 rgba(0, 0, 0, 0.18); }
 .legend span { display: inline-block; padding: 0 6px; margin-right: 2px; font-size: 12px; }
 .charts { display: flex; flex-wrap: wrap; gap: 12px; }
 form.filters input { width: 7em; } form.filters label { margin-right: 10px; }

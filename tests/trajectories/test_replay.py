@@ -110,7 +110,7 @@ def test_cli_replay(trained, capsys: pytest.CaptureFixture[str]) -> None:  # noq
         f"model.path={cfg.model.path}",
         f"experiment={cfg.experiment}",
     ]
-    assert cli(["replay", "orig", *over, "--to", "2", "--work-dir", str(tmp / "cli")]) == 0
+    assert cli(["replay", "orig", "--to", "2", "--work-dir", str(tmp / "cli"), *over]) == 0
     assert "bit for bit identical" in capsys.readouterr().out
-    assert cli(["replay", "orig", *over, "--to", "9", "--work-dir", str(tmp / "cli")]) == 2
+    assert cli(["replay", "orig", "--to", "9", "--work-dir", str(tmp / "cli"), *over]) == 2
     assert "v9 is not committed" in capsys.readouterr().err

@@ -26,7 +26,7 @@ def test_cli_query(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     over = _overrides(tmp_path)
     small_trial(open_trial_storage(load_config(overrides=[*over, "trial=t1"])))
     sql = "SELECT version, trajectories, reward_mean FROM per_version"
-    assert cli(["query", "t1", sql, *over, "--format", "json"]) == 0
+    assert cli(["query", "t1", sql, "--format", "json", *over]) == 0  # overrides after the options too
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert out == [
         {"version": 0, "trajectories": 4, "reward_mean": 0.75},
