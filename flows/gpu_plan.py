@@ -44,6 +44,7 @@ DEPLOYMENT_OVERRIDES: tuple[str, ...] = ("orchestration.mode=distributed",)
 
 # Set per job by the Kubernetes pool (infra/work_pools/kubernetes-gpu.json): pod 0's DNS name.
 RDZV_ENV = "ROLLFLOW_RDZV_ENDPOINT"
+RDZV_JOIN_TIMEOUT_S = 1800
 
 
 def rdzv_endpoint(cfg: ExperimentConfig) -> str:
@@ -68,6 +69,9 @@ def torchrun_command(
         [
             f"--nnodes={train.nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint or rdzv_endpoint(cfg)}",
             f"--rdzv_id={cfg.experiment}-{cfg.trial}",
+            # nodes 1..N-1 start at once, node 0 only after its flow has bootstrapped the model
+            # (a download, for a hub model): wait for it longer than torchrun's default 600 s
+            f"--rdzv_conf=join_timeout={RDZV_JOIN_TIMEOUT_S}",
         ]
         if train.nnodes > 1
         else []

@@ -128,8 +128,9 @@ def test_multi_node_torchrun_line_and_plan(monkeypatch: pytest.MonkeyPatch) -> N
         torchrun_command(cfg, GSM8K, [])
     cfg = load_config(GSM8K, [*over, "train.rdzv_endpoint=node0:29400"])
     cmd = torchrun_command(cfg, GSM8K, [])
-    assert cmd[3:8] == [
-        "--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=node0:29400", "--rdzv_id=e-t", "--nproc_per_node=8",
+    assert cmd[3:9] == [
+        "--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=node0:29400", "--rdzv_id=e-t",
+        "--rdzv_conf=join_timeout=1800", "--nproc_per_node=8",
     ]  # fmt: skip
     monkeypatch.setenv("ROLLFLOW_RDZV_ENDPOINT", "job-0.rollflow-train:29400")  # the k8s pool's, per job
     assert "--rdzv_endpoint=job-0.rollflow-train:29400" in torchrun_command(cfg, GSM8K, [])
