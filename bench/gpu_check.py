@@ -20,8 +20,8 @@ What it measures, on a Qwen2.5-0.5B-shaped model built from its config (random w
 2. weight update: the trained weights gathered to a full state dict, published through rollflow's
    storage (``CheckpointPublisher``: safetensors hashed while written, COMMIT.json, LATEST) to local
    disk, then verified against COMMIT.json and loaded into a second model on the device, as the
-   checkpoint watcher does. ``publish_s``, ``weight_update_s`` (verify + load + copy to the device) and
-   ``weight_update_GBps``.
+   checkpoint watcher does. ``publish_s``, ``weight_update_s`` (verify + load + copy to the device; of
+   which ``weight_verify_s`` is the hash check) and ``weight_update_GBps``.
 3. logprob agreement: greedy and sampled (temperature 1) generation from the second (bf16) model with
    its per-token logprobs (the KV-cached decode path), then the trainer's logprobs of the same tokens
    in bf16 (the FSDP2 model's forward) and fp32 (its master weights, fp32 compute):
@@ -208,6 +208,7 @@ def update_part(
     _sync(device)
     t0 = time.perf_counter()
     ckpt = store.verified_dir(1, root / "cache")  # every file hashed and checked against COMMIT.json
+    verify_s = time.perf_counter() - t0
     sd = load_file(str(ckpt / "model.safetensors"), device=str(device))
     missing, unexpected = inference.load_state_dict(sd, strict=False)
     _sync(device)
@@ -217,6 +218,7 @@ def update_part(
         "checkpoint_GB": nbytes / 1e9,
         "publish_s": publish_s,
         "weight_update_s": update_s,
+        "weight_verify_s": verify_s,  # the hash part of weight_update_s
         "weight_update_GBps": nbytes / 1e9 / update_s,
         "hash": store.hash_algo,
     }

@@ -56,6 +56,7 @@ def test_tiny_cpu_run_without_the_orchestration_stack(tmp_path: Path) -> None:
     ):
         assert figures[key] > 0, key
     assert math.isfinite(figures["train_grad_norm"]) and figures["checkpoint_GB"] > 0
+    assert 0 < figures["weight_verify_s"] < figures["weight_update_s"]
     # The trainer's logprobs of the generated tokens agree with the decoder's. The tiny model is
     # initialised wide (peaked distributions: the chosen tokens average about -1 nat, a uniform guess is
     # -log 512 = -6.2), so a token scored one position off, or weights that did not load, would be off
