@@ -85,3 +85,17 @@ def test_the_train_deployment_passes_nnodes_to_the_pool() -> None:
     assert train["work_pool"]["job_variables"]["nnodes"] == "{{ gpu.train_nnodes }}"
     variables = json.loads(TEMPLATE.read_text())["variables"]["properties"]
     assert set(train["work_pool"]["job_variables"]) <= set(variables)
+
+
+def test_the_headless_service_matches_the_pool() -> None:
+    import yaml
+
+    service = yaml.safe_load((ROOT / "infra" / "work_pools" / "kubernetes-train-service.yaml").read_text())
+    _validate(service)
+    manifest = render({"nnodes": 2})
+    pod = manifest["spec"]["template"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["metadata"]["name"] == pod["spec"]["subdomain"]  # the pods' DNS names live under it
+    assert service["metadata"]["namespace"] == manifest["metadata"]["namespace"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["port"] == pod["spec"]["containers"][0]["ports"][0]["containerPort"]
