@@ -210,6 +210,12 @@ def settle_config(
         return ResumedConfig(cfg, resume_overrides(overrides) if state != "new" else [])
     trained = CheckpointStore(storage).latest_version() or 0
     resumed = resume_config(record, cfg, overrides, trained_version=trained)
+    if state == "trained" and resumed.cfg.train.steps != record["config"].get("train", {}).get("steps"):
+        raise ResumeOverrideError(
+            "train.steps",
+            "this trial finished training (trainer/DONE.json); a resume only finalizes it. Start a new trial "
+            "(retrain_from_registry, or model.path at its checkpoint) to train further",
+        )
     record_resume(storage, record, resumed)
     history = [o for r in record.get("resumes", []) for o in r.get("overrides", [])] + resumed.overrides
     say = warn or log.warning

@@ -132,3 +132,11 @@ def test_a_trial_without_a_record_keeps_its_config_and_gets_one(trial: Storage) 
     assert resumed.cfg is cfg
     record = read_config_record(trial)
     assert record is not None and record["config"]["train"]["steps"] == 40
+
+
+def test_a_trained_trial_cannot_be_extended_by_a_resume(trial: Storage, tmp_path: Path) -> None:
+    settle_config(trial, _cfg("train.steps=200"), state="new", overrides=[])
+    _trained_to(trial, 200, tmp_path)
+    with pytest.raises(ResumeOverrideError, match="only finalizes it"):
+        settle_config(trial, _cfg(), state="trained", overrides=["train.steps=300"])
+    assert settle_config(trial, _cfg(), state="trained", overrides=[]).cfg.train.steps == 200
