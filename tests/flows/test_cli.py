@@ -174,7 +174,7 @@ def test_run_resume_and_eval_refuse_a_wrong_trial_in_one_line(
     assert "trials there: t1" in err and "`rollflow run`" in err and "Traceback" not in err
     rc, err = _trial_cli(root, ["run", "--trial", "t1"], capsys)
     assert rc == 2 and "already holds data" in err and "`rollflow resume t1`" in err
-    rc, err = _trial_cli(root, ["eval", "--trial", "t1"], capsys)
+    rc, err = _trial_cli(root, ["eval", "t1"], capsys)
     assert rc == 2 and "trial 't1' has no committed checkpoint" in err and "trials there: t1" in err
     rc, err = _trial_cli(root, ["run", "trian.steps=3"], capsys)
     assert rc == 2 and err.startswith("rollflow run: error: config key 'trian'") and "'trial'" in err
