@@ -39,7 +39,7 @@ from infra.cpu_server.adapters import is_adapter_dir, load_checked_adapter
 from infra.cpu_server.engine import Engine, EngineConfig, Sequence
 from infra.cpu_server.weights import WeightLoadError, load_checked_weights, read_config
 from rollflow.api.errors import InvalidRequestError
-from rollflow.inference.refusal_log import RefusalLog
+from rollflow.inference.refusal_log import OncePerClientFilter, RefusalLog
 from rollflow.inference.sglang_protocol import (
     CONTINUE_OK,
     FLUSH_OK_TEXT,
@@ -56,6 +56,10 @@ from rollflow.inference.sglang_protocol import (
 )
 
 logger = logging.getLogger(__name__)
+# aiohttp's own log (malformed HTTP: "Error handling request from <peer>" + a traceback, per request),
+# at most once per client per minute so an unauthenticated caller cannot flood the log.
+http_logger = logging.getLogger("infra.cpu_server.http")
+http_logger.addFilter(OncePerClientFilter())
 
 
 def _strict_dumps(obj: Any) -> str:
@@ -484,7 +488,7 @@ async def serve(args: ServerArgs) -> None:
     torch.set_num_threads(max(1, args.threads))
     state = await asyncio.to_thread(ServerState, args)
     state.engine.start()
-    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None, logger=http_logger)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     try:

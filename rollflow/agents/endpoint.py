@@ -84,10 +84,13 @@ from rollflow.agents.tool_calls import ParsedReply, ToolFormat, parse_tool_calls
 from rollflow.api.errors import AgentRequestError, EpisodeLimitError, InferenceError, InvalidRequestError
 from rollflow.api.inference import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
 from rollflow.api.tokenizer import ChatTokenizer
-from rollflow.inference.refusal_log import RefusalLog
+from rollflow.inference.refusal_log import OncePerClientFilter, RefusalLog
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+# aiohttp's own log of malformed HTTP (a traceback per request): at most once per client per minute
+http_logger = logging.getLogger(f"{__name__}.http")
+http_logger.addFilter(OncePerClientFilter())
 
 TOKENIZE_THREADS = 4  # calls tokenized at once, off the event loop
 BODY_SLACK_BYTES = 64 * 1024  # room for the request's fields beyond the messages (tools, sampling, ...)
@@ -195,7 +198,7 @@ class AgentEndpoint:
                 app.router.add_post(prefix + "/chat/completions", chat)
                 app.router.add_post(prefix + "/completions", completion)
                 app.router.add_get(prefix + "/models", self._models)
-            runner = web.AppRunner(app, access_log=None)
+            runner = web.AppRunner(app, access_log=None, logger=http_logger)
             await runner.setup()
             site = web.TCPSite(runner, self.host, self.port, backlog=1024)
             await site.start()
