@@ -1,10 +1,11 @@
 """SQL over a trial's committed trajectories: DuckDB views over exactly the shards commit records name.
 
 What it is: ``TrajectoryQuery(storage).sql("SELECT ...")`` returns a pyarrow Table. Every call lists the
-commit records afresh through the trainer's own ``ShardReader.list_commits`` (a record is read once and
-cached; records are immutable), so a query made while the run trains sees every shard committed so
-far, and a shard without a record, or a quarantined one, is never read. It then opens an in-memory
-DuckDB connection whose views read those Parquet files where they lie::
+commit records afresh (the keys the trainer's reader lists, each record parsed as it parses them, read
+once: records are immutable), so a query made while the run trains sees every shard committed so far,
+and a shard without a record, or a quarantined one, is never read. It then opens an in-memory DuckDB
+connection whose views read those Parquet files where they lie (and, with ``cache_dir``, a local copy
+of the rows already read: ``storage.query_cache``)::
 
     trajectories  one row per sequence: every shard column, plus commit_id, version (= head_version),
                   prompt_tokens, completion_tokens, n_tokens, prompt_ids, completion_ids
@@ -44,8 +45,10 @@ query reads what a record names as it is), a writer, or a query engine of its ow
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -53,10 +56,13 @@ import pyarrow as pa
 
 from storage import keys
 from storage.commits import CommitRecord
-from storage.errors import QueryError
+from storage.errors import CorruptShardError, QueryError
 from storage.fs import Storage
+from storage.query_cache import Manifest, QueryCache
 from storage.schema import TRAJECTORY_SCHEMA
-from storage.shard_reader import ShardReader
+from storage.validate import parse_commit_record
+
+logger = logging.getLogger(__name__)
 
 VIEWS: tuple[str, ...] = ("trajectories", "groups", "trained", "per_version", "per_prompt", "commits")
 
@@ -76,8 +82,7 @@ _COMMIT_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
 
 _TRAJECTORIES = """
 CREATE VIEW trajectories AS
-SELECT * EXCLUDE (filename),
-    regexp_extract(filename, '([^/]+)\\.parquet$', 1) AS commit_id,
+SELECT *,
     head_version AS version,
     coalesce(list_position(loss_mask, 1::TINYINT), len(input_ids) + 1) - 1 AS prompt_tokens,
     len(input_ids) AS n_tokens,
@@ -141,9 +146,34 @@ ORDER BY prompt_id, version
 """
 
 
+_TRAINED_SQL = (
+    "SELECT step, unnest(groups) AS group_id FROM read_json("
+    "{docs}, columns = {{step: 'INTEGER', groups: 'VARCHAR[]'}}, format = 'auto')"
+)
+
+
+def _quote(text: str) -> str:
+    return text.replace("'", "''")
+
+
 def _sql_list(items: Sequence[str]) -> str:
     """A DuckDB list literal of strings, each quoted (a quote inside doubled)."""
-    return "[" + ", ".join("'" + s.replace("'", "''") + "'" for s in items) + "]"
+    return "[" + ", ".join("'" + _quote(s) + "'" for s in items) + "]"
+
+
+def _resume_steps(trainer_keys: Sequence[str]) -> list[int]:
+    """Steps of the resume points (``trainer/state-{step:08d}.json``) among the trainer's keys, ascending."""
+    steps = []
+    for k in trainer_keys:
+        name = k.rsplit("/", 1)[-1]
+        if (
+            k.count("/") == 1
+            and name.startswith("state-")
+            and name.endswith(".json")
+            and name[6:-5].isdigit()
+        ):
+            steps.append(int(name[6:-5]))
+    return sorted(steps)
 
 
 def _commits_table(records: Sequence[CommitRecord]) -> pa.Table:
@@ -157,31 +187,63 @@ def _commits_table(records: Sequence[CommitRecord]) -> pa.Table:
 class TrajectoryQuery:
     """DuckDB views over one trial's committed shards (module docstring). Thread-safe.
 
-    The views are built once per set of committed shards and consumed logs: every ``connect`` lists
-    both again and rebuilds the database only when they changed, so a long-lived object (the viewer)
-    pays the listing, not the view set-up, per query.
+    Listing: the commit record keys are listed on every ``connect``; a record is read once (they never
+    change) and parsed as the trainer's reader parses it; an unreadable one is left out with a warning
+    (the reader, not a query, quarantines). The views are rebuilt only when the committed shards or
+    the consumed logs changed, so a long-lived object (the viewer) pays the listing per query.
+
+    ``cache_dir``: keep the rows of shards already read in a local ``QueryCache`` there, folding in
+    new commits once at least ``fold_min`` have arrived; a query then opens a few part files plus the
+    shards committed since, instead of every shard.
     """
 
-    def __init__(self, storage: Storage, *, decode: Callable[[list[int]], str] | None = None) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        decode: Callable[[list[int]], str] | None = None,
+        cache_dir: str | Path | None = None,
+        fold_min: int = 32,
+    ) -> None:
         self.storage = storage
         self.decode = decode
-        self._reader = ShardReader(storage)  # caches the records it has read (they never change)
+        self.cache = QueryCache(cache_dir) if cache_dir is not None else None
+        self.fold_min = fold_min
+        self._records: dict[str, CommitRecord] = {}  # record key -> record
+        self._bad: set[str] = set()  # record keys that did not parse
         self._lock = threading.Lock()
         self._db: duckdb.DuckDBPyConnection | None = None
-        self._signature: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._signature: tuple[tuple[str, ...], ...] | None = None
 
     # --- what is committed ----------------------------------------------------------------------------
 
     def committed(self) -> list[CommitRecord]:
         """The readable commit records, oldest first, less the quarantined commits."""
         with self._lock:
-            records = self._reader.list_commits(include_consumed=True)
+            return self._committed()
+
+    def _committed(self, manifest: Manifest | None = None) -> list[CommitRecord]:
+        if manifest is not None and not self._records:  # the records the cache holds need no GET
+            self._records.update((r.key, r) for r in manifest.records.values())
+        listed = [k for k in self.storage.list(keys.COMMIT_DIR) if k.endswith(".json")]
+        for key in listed:
+            if key in self._records or key in self._bad:
+                continue
+            try:
+                self._records[key] = parse_commit_record(self.storage.get_bytes(key), key)
+            except FileNotFoundError:
+                continue  # deleted between list and get
+            except CorruptShardError as e:
+                logger.warning("query leaves out %s: %s", key, e)
+                self._bad.add(key)
         quarantined = {
             k.rsplit("/", 1)[-1][: -len(".json")]
             for k in self.storage.list(keys.QUARANTINE_DIR)
             if k.endswith(".json")
         }
-        return [r for r in records if r.commit_id not in quarantined]
+        known = (self._records.get(k) for k in listed)  # a record deleted since is not listed
+        records = [r for r in known if r is not None and r.commit_id not in quarantined]
+        return sorted(records, key=lambda r: (r.created_at, r.commit_id))
 
     def _location(self, key: str) -> str:
         path = self.storage.local_path(key)
@@ -191,40 +253,115 @@ class TrajectoryQuery:
 
     def connect(self) -> duckdb.DuckDBPyConnection:
         """A DuckDB connection (close it after use) whose views cover the shards committed now."""
-        records = self.committed()
-        consumed = sorted(
-            k for k in self.storage.list(keys.CONSUMED_DIR) if keys.parse_consumed_key(k) is not None
-        )
-        signature = (tuple(r.commit_id for r in records), tuple(consumed))
         with self._lock:
+            manifest = self.cache.load() if self.cache is not None else None
+            records = self._committed(manifest)
+            trainer = self.storage.list(keys.TRAINER_DIR)  # consumed logs and resume points, one listing
+            consumed = sorted(k for k in trainer if keys.parse_consumed_key(k) is not None)
+            manifest, parts, fresh = self._cached(records, manifest)
+            trained_part, consumed = self._trained(consumed, _resume_steps(trainer), manifest)
+            signature = (
+                tuple(r.commit_id for r in records),
+                tuple(consumed),
+                tuple(str(p) for p in [*parts, *([trained_part] if trained_part else [])]),
+            )
             if self._db is None or signature != self._signature:
-                old, self._db = self._db, self._build(records, consumed)
+                old, self._db = self._db, self._build(records, fresh, parts, consumed, trained_part)
                 self._signature = signature
                 if old is not None:
                     old.close()
             return self._db.cursor()
 
-    def _build(self, records: Sequence[CommitRecord], consumed: Sequence[str]) -> duckdb.DuckDBPyConnection:
+    def _open(self) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect(
             config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
         )
+        if not self.storage.is_local:
+            con.register_filesystem(self.storage.fs)
+        return con
+
+    def _direct(self, records: Sequence[CommitRecord]) -> str:
+        """A SELECT of these commits' shard rows, read where they lie, with their commit ids."""
+        files = _sql_list([self._location(r.shard_key) for r in records])
+        return (
+            "SELECT * EXCLUDE (filename), regexp_extract(filename, '([^/]+)\\.parquet$', 1) AS commit_id "
+            f"FROM read_parquet({files}, filename = true)"
+        )
+
+    def _cached(
+        self, records: Sequence[CommitRecord], m: Manifest | None
+    ) -> tuple[Manifest | None, list[Path], list[CommitRecord]]:
+        """(manifest, cache parts, commits to read from their shards); folds the latter in when there are
+        at least ``fold_min``."""
+        if self.cache is None or m is None:
+            return m, [], list(records)
+        if not set(m.records) <= {r.commit_id for r in records}:  # quarantined or deleted since
+            self.cache.reset()
+            m = Manifest()
+        fresh = [r for r in records if r.commit_id not in m.records]
+        if len(fresh) >= self.fold_min:
+            con = self._open()
+            try:
+                m = self.cache.fold(con, self._direct(fresh), m, fresh)
+            finally:
+                con.close()
+            fresh = []
+        return m, list(m.parts), fresh
+
+    def _trained(
+        self, consumed: list[str], resume_steps: list[int], m: Manifest | None
+    ) -> tuple[Path | None, list[str]]:
+        """(cached trained part or None, consumed logs to read directly). Logs up to the newest resume
+        point never change (``storage.query_cache``), so they are folded once ``fold_min`` are there."""
+        if self.cache is None or m is None:
+            return None, consumed
+        upto = resume_steps[-1] if resume_steps else -1
+        step = {k: keys.parse_consumed_key(k) or 0 for k in consumed}
+        if upto < m.trained_upto:  # the resume points went backwards (deleted by hand): trust no fold
+            return None, consumed
+        settled = [k for k in consumed if step[k] <= upto]
+        if upto > m.trained_upto and sum(step[k] > m.trained_upto for k in settled) >= self.fold_min:
+            con = self._open()
+            try:
+                m = self.cache.fold_trained(con, _TRAINED_SQL.format(docs=self._docs(settled)), m, upto)
+            finally:
+                con.close()
+        return m.trained, [k for k in consumed if step[k] > m.trained_upto]
+
+    def _docs(self, consumed: Sequence[str]) -> str:
+        return _sql_list([self._location(k) for k in consumed])
+
+    def _build(
+        self,
+        records: Sequence[CommitRecord],
+        fresh: Sequence[CommitRecord],
+        parts: Sequence[Path],
+        consumed: Sequence[str],
+        trained_part: Path | None = None,
+    ) -> duckdb.DuckDBPyConnection:
+        con = self._open()
         try:
-            if not self.storage.is_local:
-                con.register_filesystem(self.storage.fs)
-            if records:
-                files = _sql_list([self._location(r.shard_key) for r in records])
-                con.execute(f"CREATE VIEW _shards AS SELECT * FROM read_parquet({files}, filename = true)")
+            sources = []
+            if parts:
+                sources.append(f"SELECT * FROM read_parquet({_sql_list([str(p) for p in parts])})")
+            if fresh:
+                sources.append(self._direct(fresh))
+            if sources:
+                con.execute("CREATE VIEW _shards AS " + " UNION ALL BY NAME ".join(sources))
             else:
-                empty = TRAJECTORY_SCHEMA.empty_table().append_column("filename", pa.array([], pa.string()))
+                empty = TRAJECTORY_SCHEMA.empty_table().append_column("commit_id", pa.array([], pa.string()))
                 con.register("_empty_shards", empty)
                 con.execute("CREATE TABLE _shards AS SELECT * FROM _empty_shards")
                 con.unregister("_empty_shards")
+            trained = (
+                [f"SELECT step, group_id FROM read_parquet('{_quote(str(trained_part))}')"]
+                if trained_part
+                else []
+            )
             if consumed:
-                docs = _sql_list([self._location(k) for k in consumed])
-                con.execute(
-                    "CREATE VIEW trained AS SELECT step, unnest(groups) AS group_id FROM read_json("
-                    f"{docs}, columns = {{step: 'INTEGER', groups: 'VARCHAR[]'}}, format = 'auto')"
-                )
+                trained.append(_TRAINED_SQL.format(docs=self._docs(consumed)))
+            if trained:
+                con.execute("CREATE VIEW trained AS " + " UNION ALL ".join(trained))
             else:
                 con.execute("CREATE TABLE trained (step INTEGER, group_id VARCHAR)")
             con.register("_commits", _commits_table(records))

@@ -3,7 +3,8 @@
 What it is: ``open_query(cfg, trial)`` -> ``storage.query.TrajectoryQuery`` over the trial's storage (the
 config's root, experiment and ``storage.options``), whose ``decode(ids)`` SQL function uses the model's
 tokenizer (``model.path``; a directory with ``tokenizer.json`` is read with the ``tokenizers`` library
-alone); ``query_trial(cfg, sql)`` runs one query; ``trajectory_report(cfg)`` is the viewer's static
+alone), keeping the rows it has read in ``{storage.local_cache}/{experiment}/{trial}/query``
+(``storage.query_cache``); ``query_trial(cfg, sql)`` runs one query; ``trajectory_report(cfg)`` is the viewer's static
 page of the run's last versions, which finalization logs to MLflow as ``trajectories/viewer.html``.
 The CLI's ``rollflow query`` / ``view`` and ``RLRun.query`` go through here.
 
@@ -51,7 +52,8 @@ def open_query(cfg: ExperimentConfig, trial: str | None = None, *, decoder: Any 
         def decode(ids: list[int]) -> str:
             return decoder.decode(ids, skip_special_tokens=False)
 
-    return TrajectoryQuery(open_trial_storage(cfg, trial), decode=decode)
+    cache = Path(cfg.storage.local_cache) / cfg.experiment / (trial or cfg.trial) / "query"
+    return TrajectoryQuery(open_trial_storage(cfg, trial), decode=decode, cache_dir=cache)
 
 
 def query_trial(

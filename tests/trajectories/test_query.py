@@ -98,3 +98,34 @@ def test_empty_trial_and_bad_sql(storage: Storage) -> None:
     assert _rows(q, "SELECT count(*) AS n FROM groups") == [{"n": 0}]
     with pytest.raises(QueryError, match="per_version"):
         q.sql("SELECT * FROM no_such_view")
+
+
+def test_local_cache_folds_and_follows_the_record(storage: Storage, tmp_path) -> None:  # noqa: ANN001
+    """With a cache dir, read shards are folded into local parts; the answers are the uncached ones,
+    new commits still show, and a quarantined commit drops the cache (rebuilt without it)."""
+    small_trial(storage)  # 3 groups in 2 shards (flush every 4 rows)
+    sql = "SELECT version, groups, trajectories, reward_mean, staleness_mean FROM per_version"
+    plain = _rows(TrajectoryQuery(storage), sql)
+    cache_dir = tmp_path / "cache"
+    q = TrajectoryQuery(storage, cache_dir=cache_dir, fold_min=2)
+    assert _rows(q, sql) == plain
+    assert len(list(cache_dir.glob("part-*.parquet"))) == 1
+    assert _rows(TrajectoryQuery(storage, cache_dir=cache_dir, fold_min=2), sql) == plain  # a new process
+    write(storage, [group("g3", "9+9=", [("18", 1.0)], version=1)])  # 1 commit: below fold_min, read directly
+    assert _rows(q, "SELECT count(*) AS n FROM trajectories") == [{"n": 7}]
+    assert len(list(cache_dir.glob("part-*.parquet"))) == 1
+    first = q.committed()[0]
+    storage.put_json(keys.quarantine_key(first.commit_id), {"commit_id": first.commit_id, "reason": "test"})
+    assert _rows(q, "SELECT count(*) AS n FROM trajectories") == [{"n": 7 - first.rows}]
+    # consumed logs up to the newest resume point (a restart never rewrites them) are folded too
+    storage.put_json(keys.trainer_state_key(3), {"step": 3})
+    trained = "SELECT step, group_id FROM trained ORDER BY group_id"
+    assert _rows(TrajectoryQuery(storage, cache_dir=cache_dir, fold_min=1), trained) == [
+        {"step": 3, "group_id": "g0"},
+        {"step": 3, "group_id": "g1"},
+    ]
+    assert len(list(cache_dir.glob("trained-*.parquet"))) == 1
+    (cache_dir / "manifest.json").write_text("{not json")
+    assert _rows(TrajectoryQuery(storage, cache_dir=cache_dir), "SELECT count(*) AS n FROM trajectories") == [
+        {"n": 7 - first.rows}
+    ]
