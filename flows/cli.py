@@ -217,7 +217,7 @@ def _trial_storage(args: argparse.Namespace) -> ExperimentConfig:
 
 def _query(args: argparse.Namespace) -> int:
     """SQL over the trial's committed trajectories (``storage.query``; views in docs/trajectories.md)."""
-    from rollflow.viewer.trial import query_trial
+    from rollflow.viewer.trial import format_result, query_trial
     from storage.errors import QueryError
 
     cfg = _trial_storage(args)
@@ -225,16 +225,7 @@ def _query(args: argparse.Namespace) -> int:
         table = query_trial(cfg, args.sql, trial=args.trial)
     except QueryError as exc:
         raise CommandError(str(exc)) from None
-    if args.format == "json":
-        for row in table.to_pylist():
-            print(json.dumps(row, default=str))
-        return 0
-    frame = table.to_pandas()
-    if args.format == "csv":
-        print(frame.to_csv(index=False), end="")
-    else:
-        print(frame.to_string(index=False, max_colwidth=60, max_rows=args.max_rows))
-        print(f"({table.num_rows} rows)")
+    print(format_result(table, args.format, max_rows=args.max_rows), end="")
     return 0
 
 
@@ -424,6 +415,25 @@ def _inspect_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def _recorded_tokenizer(words: list[str]) -> list[str]:
+    """``--tokenizer`` from the trial's own config record (its ``model.path``), when none is given: a
+    trial of another config (an ``RLRun`` trial, another task) is decoded with its own model's tokenizer."""
+    if "--tokenizer" in words or "--trial" not in words or "--config" not in words:
+        return words
+    from rollflow.configuration.trial_storage import open_trial_storage
+    from rollflow.trial_record import read_config_record
+
+    trial = words[words.index("--trial") + 1]
+    overrides = [w for w in words if "=" in w and not w.startswith("-")]
+    try:
+        cfg = load_config(words[words.index("--config") + 1], [*overrides, f"trial={trial}"])
+        record = read_config_record(open_trial_storage(cfg))
+    except Exception:  # only a better default: inspect itself says what is wrong with the names
+        return words
+    path = (record or {}).get("config", {}).get("model", {}).get("path")
+    return [*words, "--tokenizer", path] if isinstance(path, str) and Path(path).is_dir() else words
+
+
 _OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")  # a dotted override: key.path=value
 
 
@@ -437,7 +447,7 @@ def _main(argv: list[str]) -> int:
             at = words.index("--config") + 1
             words[at], project = config_path(words[at])
         with in_dir(project):
-            return inspect_main(words, prog="rollflow inspect")
+            return inspect_main(_recorded_tokenizer(words), prog="rollflow inspect")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command in ("query", "view", "replay") and all(_OVERRIDE.match(w) for w in extra):

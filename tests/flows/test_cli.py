@@ -240,3 +240,25 @@ def test_ls_on_an_experiment_with_no_trials_says_so(
 
     assert main(["ls", f"storage.root={tmp_path}", "experiment=none"]) == 0
     assert capsys.readouterr().out.startswith(f"no trial is stored under {tmp_path / 'none'}")
+
+
+def test_inspect_trial_decodes_with_the_tokenizer_the_trial_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rollflow inspect TRIAL` on a trial of another config (an RLRun trial): its own model's tokenizer,
+    from its config record, not the default config's model (which need not exist here)."""
+    from flows.cli import main
+    from rollflow.configuration.loader import load_config
+    from rollflow.trial_record import write_config_record
+
+    root = tmp_path / "st"
+    _write_trial(root, tmp_path / "tok")
+    cfg = load_config(data={"experiment": "exp", "trial": "t1", "model": {"path": str(tmp_path / "tok")}})
+    write_config_record(Storage.open(str(root), "exp", "t1"), cfg)
+    assert (
+        main(
+            ["inspect", "t1", f"storage.root={root}", "experiment=exp", "model.path=/nowhere", "--limit", "0"]
+        )
+        == 0
+    )
+    assert "3 rows" in capsys.readouterr().out
