@@ -13,6 +13,9 @@ What it is not: the views (``storage.query``) or the pages (``pages``).
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,3 +87,41 @@ def trajectory_report(cfg: ExperimentConfig, trial: str | None = None, *, last_v
     except Exception as exc:
         logger.warning("no trajectory report: %s: %s", type(exc).__name__, exc)
         return ""
+
+
+def _cell(value: Any, width: int) -> str:
+    if isinstance(value, float):
+        text = f"{value:.6g}"
+    elif isinstance(value, list) and value and isinstance(value[0], tuple):  # a MAP: [(key, value), ...]
+        text = "{" + ", ".join(f"{k}: {v}" for k, v in value) + "}"
+    else:
+        text = "NULL" if value is None else str(value)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def format_result(table: pa.Table, fmt: str = "table", *, max_rows: int = 200, width: int = 60) -> str:
+    """A query result as text: ``table`` (fixed-width columns, the first ``max_rows`` rows), ``csv`` or
+    ``json`` (one object per line). Plain Python: pandas would cost a second of import per call."""
+    rows = table.to_pylist()
+    names = table.column_names
+    if fmt == "json":
+        return "".join(json.dumps(r, default=str) + "\n" for r in rows)
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(names)
+        writer.writerows([[_cell(r[n], 1 << 30) for n in names] for r in rows])
+        return out.getvalue()
+    cells = [[_cell(r[n], width) for n in names] for r in rows[:max_rows]]
+    widths = [max([len(n)] + [len(c[i]) for c in cells]) for i, n in enumerate(names)]
+    numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) for t in table.schema.types]
+    lines = [
+        "  ".join(n.rjust(w) if num else n.ljust(w) for n, w, num in zip(names, widths, numeric, strict=True))
+    ]
+    for c in cells:
+        lines.append(
+            "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(c, widths, numeric, strict=True))
+        )
+    more = f", the first {max_rows} shown" if len(rows) > max_rows else ""
+    return "\n".join(line.rstrip() for line in lines) + f"\n({len(rows)} rows{more})\n"
