@@ -62,6 +62,9 @@ http_logger = logging.getLogger("infra.cpu_server.http")
 http_logger.addFilter(OncePerClientFilter())
 
 
+MAX_CHARS_PER_TOKEN = 64  # a text longer than this many characters per context token cannot fit it
+
+
 def _strict_dumps(obj: Any) -> str:
     """JSON with no bare NaN / Infinity (not JSON; clients choke on it): such a value is a server bug."""
     return json.dumps(obj, allow_nan=False)
@@ -252,7 +255,14 @@ def build_app(state: ServerState) -> web.Application:
             if it.input_ids is None:
                 if state.tokenizer is None:
                     raise InvalidRequestError("this server has no tokenizer; send input_ids instead of text")
-                ids = list(state.tokenizer.encode(it.text))
+                text = str(it.text)
+                if len(text) > MAX_CHARS_PER_TOKEN * state.context_len:  # refused before tokenizing
+                    raise InvalidRequestError(
+                        f"text has {len(text)} characters; at most {MAX_CHARS_PER_TOKEN} per token of the "
+                        f"model's context length ({state.context_len} tokens) could fit"
+                    )
+                # off the event loop: a long text delays only its own request, never /health or the others
+                ids = list(await asyncio.to_thread(state.tokenizer.encode, text))
                 check_context(len(ids), it.sampling.max_new_tokens, state.context_len)
                 prompts.append(ids)
             else:
