@@ -110,7 +110,26 @@ def _deprecated(command: str, old: str, new: str) -> None:
     print(f"rollflow {command}: `{old}` is deprecated; write `{new}`", file=sys.stderr)
 
 
+def _find_experiment(args: argparse.Namespace) -> None:
+    """A trial named for ``resume`` / ``eval`` that is not under the config's experiment but under exactly
+    one other experiment of the same storage root (an ``RLRun`` trial, the smoke test's): look there
+    (``experiment=E`` is added to the overrides; the trial's recorded config does the rest)."""
+    if args.trial is None or any(o.split("=", 1)[0].strip() == "experiment" for o in args.overrides):
+        return
+    from storage.trial_list import trial_names
+
+    cfg = load_config(args.config, args.overrides)
+    root, options = cfg.storage.root, cfg.storage.options
+    if args.trial in trial_names(root, cfg.experiment, options):
+        return
+    found = [e for e in experiment_names(root, options) if args.trial in trial_names(root, e, options)]
+    if len(found) == 1:
+        args.overrides.append(f"experiment={found[0]}")
+
+
 def _run(args: argparse.Namespace, *, resume: bool) -> int:
+    if resume:
+        _find_experiment(args)
     check_trial(args.config, args.overrides, trial=args.trial, resume=resume)
     from flows.async_rl import run_command
 
@@ -126,6 +145,7 @@ def _eval(args: argparse.Namespace) -> int:
     args.trial = args.trial if args.trial is not None else args.trial_opt
     if args.trial is None:
         raise CommandError("name the trial to score: `rollflow eval TRIAL` (`rollflow ls` lists them)")
+    _find_experiment(args)
     check_checkpoint(args.config, args.overrides, trial=args.trial, version=args.version)
     from flows.evaluate import evaluate
     from flows.local_api import local_prefect_api

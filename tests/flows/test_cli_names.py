@@ -74,3 +74,12 @@ def test_eval_and_inspect_take_the_trial_after_the_command_and_keep_the_old_spel
     assert main(["inspect", "trial=nosuch", *where]) == 2
     err = capsys.readouterr().err
     assert "`trial=nosuch` is deprecated; write `rollflow inspect nosuch`" in err and "no such trial" in err
+
+
+def test_a_trial_under_another_experiment_of_the_root_is_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Storage.open(str(tmp_path), "rlrun-tiny", "py-1").put_json("trainer/DONE.json", {"version": 3})
+    assert main(["eval", "py-1", f"storage.root={tmp_path}"]) == 2  # it holds no checkpoint: said there
+    err = capsys.readouterr().err
+    assert f"under {tmp_path / 'rlrun-tiny'}" in err, err
