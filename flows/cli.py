@@ -16,7 +16,9 @@ trains), found in the checkout from any directory; a relative ``--config`` is lo
 directory, then in the checkout. Relative paths inside the config (``storage.root: runs/storage``,
 ``model.path``) are relative to the project directory: ``$ROLLFLOW_PROJECT_DIR`` when set, else the folder
 that holds the config's ``configs/`` folder (the checkout, for the shipped configs), else the current
-directory. So ``rollflow ls`` lists the demo's trials from anywhere.
+directory. So ``rollflow ls`` lists the demo's trials from anywhere. ``resume`` and ``eval`` find a trial
+stored under another experiment of the same root (``_find_experiment``); ``inspect`` decodes with the
+tokenizer of the model the trial recorded.
     rollflow query TRIAL "SELECT ..." [--config C] [--format F]      SQL over the committed trajectories
     rollflow view TRIAL [--config C] [--port P] [--api-key K]        the trajectory viewer on 127.0.0.1
     rollflow replay TRIAL --to N [--config C] [--from-resume-point]  retrain to vN from the record, compare
