@@ -476,14 +476,18 @@ def static_report(
     by version and logprob) and a few prompts compared across those versions (module docstring)."""
     pages = Pages(query, decoder, title=title, links=StaticLinks())
     per_version = pages._rows("SELECT * FROM per_version")
-    parts = ['<a id="top"></a>', pages.glance(per_version)]
+    jump = '<nav><a href="#last">the last versions</a><a href="#prompts">prompts across versions</a></nav>'
+    parts = ['<a id="top"></a>', jump, pages.glance(per_version, table_rows=12)]
     versions = [r["version"] for r in per_version if r["version"] >= 0][-last_versions:]
     if versions:
         vmin, vmax = pages._version_range()
-        parts.append(f"<h2>The last {len(versions)} versions</h2>")
+        parts.append(f'<h2 id="last">The last {len(versions)} versions</h2>')
         for v in versions[::-1]:
             rows = pages._rows(
-                "SELECT * FROM trajectories WHERE version = ? ORDER BY created_at DESC, traj_id LIMIT ?",
+                "SELECT * FROM trajectories WHERE version = ? "  # the best and the worst row of each group
+                "QUALIFY row_number() OVER (PARTITION BY group_id ORDER BY reward DESC, traj_id) = 1 "
+                "OR row_number() OVER (PARTITION BY group_id ORDER BY reward, traj_id) = 1 "
+                "ORDER BY created_at DESC, group_id, reward DESC LIMIT ?",
                 [v, rows_per_version],
             )
             parts.append(f'<h2 id="v{v}">v{v}</h2>')
@@ -499,7 +503,7 @@ def static_report(
             [versions[0], prompts],
         )
         if top:
-            parts.append("<h2>Prompts across versions</h2>")
+            parts.append('<h2 id="prompts">Prompts across versions</h2>')
         for t in top:
             rows = pages.prompt_rows(t["prompt_id"])
             anchor = H.esc("p-" + quote(t["prompt_id"], safe=""))
