@@ -227,14 +227,28 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _trial_storage(args: argparse.Namespace) -> ExperimentConfig:
-    """The config, after checking that ``args.trial`` holds data (else ``no such trial``, status 2)."""
+    """The trial's config for ``query`` / ``view`` / ``replay``: its recorded one (``record/config.json``:
+    its model, so its tokenizer; its batch size) when there is one, else the config and overrides. The
+    trial may be under another experiment of the root (``_find_experiment``); one that holds nothing is
+    ``no such trial`` (status 2)."""
     from rollflow.configuration.trial_storage import open_trial_storage
     from rollflow.rollout.inspect import no_such_trial
+    from rollflow.trial_record import read_config_record, resume_config
 
-    cfg = load_config(args.config, args.overrides)
-    if not open_trial_storage(cfg, args.trial).list_dirs(""):
-        raise CommandError(no_such_trial(cfg.storage.root, cfg.experiment, args.trial, cfg.storage.options))
-    return cfg
+    _find_experiment(args)
+    fresh = load_config(args.config, [*args.overrides, f"trial={args.trial}"])
+    storage = open_trial_storage(fresh)
+    if not storage.list_dirs(""):
+        raise CommandError(
+            no_such_trial(fresh.storage.root, fresh.experiment, args.trial, fresh.storage.options)
+        )
+    record = read_config_record(storage)
+    if record is None:
+        return fresh
+    try:
+        return resume_config(record, fresh, [], trained_version=0).cfg
+    except ConfigError:  # a record this code cannot load: the config given
+        return fresh
 
 
 def _query(args: argparse.Namespace) -> int:
@@ -287,14 +301,11 @@ def _replay(args: argparse.Namespace) -> int:
     status 0 when every compared version is identical, 1 when one differs."""
     from rollflow.configuration.trial_storage import open_trial_storage
     from rollflow.training.replay import ReplayError, replay
-    from rollflow.trial_record import read_config_record, resume_config
+    from rollflow.trial_record import read_config_record
 
-    fresh = load_config(args.config, [*args.overrides, f"trial={args.trial}"])
-    _trial_storage(args)  # no such trial: status 2
-    storage = open_trial_storage(fresh)
-    record = read_config_record(storage)
-    cfg = resume_config(record, fresh, [], trained_version=0).cfg if record else fresh
-    if record is None:
+    cfg = _trial_storage(args)  # the recorded config; no such trial: status 2
+    storage = open_trial_storage(cfg)
+    if read_config_record(storage) is None:
         print(f"trial {args.trial} has no config record: replaying with {args.config} and the overrides")
     try:
         report = replay(

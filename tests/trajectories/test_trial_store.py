@@ -38,6 +38,10 @@ def test_cli_query(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "rollflow query: error:" in capsys.readouterr().err
     assert cli(["query", "t-missing", sql, *over]) == 2
     assert "no such trial: t-missing" in capsys.readouterr().err
+    # a trial under another experiment of the root (an RLRun trial) is found without experiment=
+    elsewhere = [o for o in over if not o.startswith("experiment=")]
+    assert cli(["query", "t1", "SELECT count(*) AS n FROM trajectories", "--format", "json", *elsewhere]) == 0
+    assert json.loads(capsys.readouterr().out) == {"n": 6}
 
 
 def test_rlrun_query(tmp_path: Path) -> None:
