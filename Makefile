@@ -44,7 +44,7 @@ install: $(STAMP)
 
 # The hard task (configs/tiny_hard.yaml: held-out problems outside the warm start's support, sparse reward);
 # DEMO_CONFIG=configs/tiny_cpu.yaml is the 1-minute smoke test, configs/tiny_hard2.yaml a second (slower) hard family.
-# A new trial per demo; continue one with `.venv/bin/rollflow resume NAME --config $(DEMO_CONFIG)`.
+# A new trial per demo; continue one with `.venv/bin/rollflow resume NAME` (the CLI finds it in any experiment).
 # It prints the run's milestones (a line per 10 % of training) and the summary; ARGS=-v prints every step.
 DEMO_CONFIG ?= configs/tiny_hard.yaml
 demo: install  ## bootstrap the tiny model and run async GRPO on the embedded default
