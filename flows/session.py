@@ -279,6 +279,8 @@ class RLRun:
             tree.setdefault("dataset", {})["reward_fn"] = reward_spec(reward_fn)
         if trial is not None:
             tree["trial"] = trial
+        elif not isinstance(config, ExperimentConfig) and "trial" not in tree:
+            tree["trial"] = "rlrun"  # new trials are rlrun-<date>-<time>-<hex>
         self.settings: ExperimentConfig = load_config(data=tree)
         self.trial: str | None = trial
         self.summary: dict[str, Any] | None = None

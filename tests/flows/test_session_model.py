@@ -60,3 +60,4 @@ def test_a_run_from_python_gets_an_experiment_of_its_own(tmp_path: Path) -> None
     assert RLRun(config={"experiment": "mine"}).settings.experiment == "mine"
     assert RLRun(experiment="other", config={"experiment": "mine"}).settings.experiment == "other"
     assert default_experiment("Qwen/Qwen2.5 0.5B") == "rlrun-Qwen2.5-0.5B"
+    assert RLRun().settings.trial == "rlrun"  # the prefix of its new trials (rlrun-<date>-<time>-<hex>)
