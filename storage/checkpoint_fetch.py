@@ -3,7 +3,8 @@
 What it is: ``CheckpointFetcher`` checks the size and digest of every file of a version against its
 COMMIT.json. ``verify_in_place`` checks a posix root's own directory (nothing is copied; files that
 COMMIT.json does not list are refused too, so a loader cannot pick up an unverified file); ``fetch``
-downloads into ``cache_dir/v{N:06d}``, hashing on the way, into a temp dir renamed into place only after
+downloads into ``cache_dir/v{N:06d}``, hashing on the way (from a posix root: a kernel copy, then the
+copy itself hashed), into a temp dir renamed into place only after
 every file verified, and reuses a cached copy only after checking every cached file's digest against
 COMMIT.json again (a size match says nothing about the bytes: a cache directory may be shared, and a file
 rewritten in place keeps its size). Both refuse a file whose real path leaves the trial root (or the cache
@@ -40,7 +41,7 @@ from storage.checkpoint_commit import (
 )
 from storage.errors import CheckpointIntegrityError, StorageError
 from storage.fs import TMP_MARKER, Storage
-from storage.transfer import hash_file
+from storage.transfer import copy_file_hashed, hash_file
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,10 @@ class CheckpointFetcher:
         if src is not None and root is not None:
             check_inside(name, src, root)
         try:
-            digest = self.storage.get_file(key, target, size=expect["size"], algo=algo)
+            if src is not None:  # a posix root: a kernel copy, then the copy's own bytes hashed
+                digest = copy_file_hashed(src, target, algo)
+            else:
+                digest = self.storage.get_file(key, target, size=expect["size"], algo=algo)
         except FileNotFoundError:
             raise CheckpointIntegrityError(name, "missing from storage") from None
         check_digest(name, digest, expect, algo)

@@ -72,6 +72,7 @@ def test_fetch_reuses_verified_cache(
         raise AssertionError("cache hit expected, but a file was downloaded")
 
     monkeypatch.setattr(storage, "get_file", no_download)
+    monkeypatch.setattr("storage.checkpoint_fetch.copy_file_hashed", no_download)  # a posix root's copy
     assert store.fetch(1, tmp_path / "cache") == first
     monkeypatch.undo()
     (first / "config.json").write_text("changed size!")  # a tampered cache is not reused...
