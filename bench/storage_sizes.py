@@ -15,7 +15,16 @@ the same tensors on the same disk (``--dir``, default the system temp dir):
 - load_vs_raw: ``CheckpointStore.verified_dir`` (the watcher's path on a local root: each file hashed in
   place and checked) + ``load_file`` + ``load_state_dict`` into a second, already built model, vs
   ``load_file`` + ``load_state_dict`` of the raw file into the same model;
-- ``*_GBps``: checkpoint bytes / median seconds, ours and raw.
+- ``*_GBps``: checkpoint bytes / median seconds, ours and raw;
+- ``load_1core_vs_raw``: ours with the in-place hash on one core (``storage.transfer.HASH_PARALLEL =
+  False``, the code path before ``hash_file`` hashed on all cores), interleaved with the others: an A/B
+  on the same machine (publish and fetch hash while writing, on one core either way);
+- the bound: ``hash_1core_GBps`` / ``hash_allcore_GBps`` (blake3 over 256 MiB in memory, best of 4),
+  ``raw_read_GBps`` (the raw file read from the page cache into a buffer), and ``load_floor_vs_raw`` =
+  (raw load s + bytes / best hash rate) / raw load s: what a load that hashes every byte once before
+  using it cannot beat on this machine (``publish_floor_vs_raw`` likewise over the raw save).
+  ``load_vs_raw_16core_computed`` is that floor with 16 cores at this machine's one-core rate: computed,
+  not measured.
 
 With ``--lora`` the same for a rank-64 adapter on every linear layer of the same shape (``lora_*``; load
 is the tensors alone: ``verified_dir`` + ``load_file`` vs ``load_file``).
@@ -26,8 +35,10 @@ hashing and copying, not the disk. Not a test: it reports.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +47,9 @@ from safetensors.torch import load_file, save_file
 
 from bench import qwen2_shapes
 from bench._common import interleaved, median, ratio
+from bench.storage import hash_throughput
 from rollflow.training.publish import CheckpointPublisher, tied_aliases
-from storage import keys
+from storage import keys, transfer
 from storage.checkpoints import ADAPTER_WEIGHTS_NAME, CheckpointStore
 from storage.fs import Storage
 
@@ -46,6 +58,31 @@ WEIGHTS = "model.safetensors"
 
 def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+@contextlib.contextmanager
+def _one_core_hash() -> Iterator[None]:
+    """Hash on one core inside the block (the A side of the A/B)."""
+    transfer.HASH_PARALLEL = False
+    try:
+        yield
+    finally:
+        transfer.HASH_PARALLEL = True
+
+
+def read_GBps(path: Path, reps: int = 3) -> float:
+    """GB/s of reading ``path`` (hot in the page cache) into one preallocated buffer, median of ``reps``."""
+    size = path.stat().st_size
+    buf = bytearray(size)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        with open(path, "rb", buffering=0) as f:
+            view, got = memoryview(buf), 0
+            while got < size and (n := f.readinto(view[got:])):
+                got += n
+        times.append(time.perf_counter() - t0)
+    return size / 1e9 / median(times)
 
 
 def _publisher(store: CheckpointStore, model: Any, adapter: dict[str, Any] | None) -> CheckpointPublisher:
@@ -98,6 +135,10 @@ def measure_one(
     def ours_load(i: int) -> None:
         load_into(store.verified_dir(version, root / "vcache") / name)
 
+    def ours_load_1core(i: int) -> None:
+        with _one_core_hash():
+            ours_load(i)
+
     def raw_load(i: int) -> None:
         load_into(raw_dir / f"v{version}" / name)
 
@@ -111,21 +152,38 @@ def measure_one(
         for d in (f"cache-{i}", f"copy-{i}"):
             shutil.rmtree(root / d, ignore_errors=True)
 
-    load = interleaved({"ours": ours_load, "raw": raw_load}, reps)
+    load = interleaved({"ours": ours_load, "ours_1core": ours_load_1core, "raw": raw_load}, reps)
     fetch = interleaved({"ours": ours_fetch, "raw": raw_fetch}, reps, teardown=clean_fetch)
     nbytes = _nbytes(tensors)
     gb = nbytes / 1e9
+    h1 = hash_throughput(store.hash_algo, mib=256) / 1e3
+    hall = hash_throughput(store.hash_algo, parallel=True, mib=256) / 1e3
+    raw_load_s, raw_save_s = median(load["raw"]), median(pub["raw"])
     figures = {
         "publish_vs_raw": ratio(pub, "ours", "raw"),
         "fetch_vs_raw": ratio(fetch, "ours", "raw"),
         "load_vs_raw": ratio(load, "ours", "raw"),
+        "load_1core_vs_raw": ratio(load, "ours_1core", "raw"),
+        "hash_1core_GBps": h1,
+        "hash_allcore_GBps": hall,
+        "raw_read_GBps": read_GBps(raw_dir / f"v{version}" / name),
+        "load_floor_vs_raw": (raw_load_s + gb / max(h1, hall)) / raw_load_s,
+        "publish_floor_vs_raw": (raw_save_s + gb / max(h1, hall)) / raw_save_s,
+        "load_vs_raw_16core_computed": (raw_load_s + gb / (16 * h1)) / raw_load_s,
         "publish_GBps": gb / median(pub["ours"]),
         "raw_save_GBps": gb / median(pub["raw"]),
         "fetch_GBps": gb / median(fetch["ours"]),
         "load_GBps": gb / median(load["ours"]),
         "raw_load_GBps": gb / median(load["raw"]),
     }
-    details = {"bytes": nbytes, "publish_s": pub, "fetch_s": fetch, "load_s": load, "hash": store.hash_algo}
+    details = {
+        "bytes": nbytes, "publish_s": pub, "fetch_s": fetch, "load_s": load, "hash": store.hash_algo,
+        "ranges": {  # min..max of each variant, for the figures' spread
+            f"{phase}.{v}": [round(min(ts), 3), round(max(ts), 3)]
+            for phase, times in (("publish", pub), ("fetch", fetch), ("load", load))
+            for v, ts in times.items()
+        },
+    }  # fmt: skip
     return figures, details
 
 
