@@ -162,9 +162,12 @@ def resume_config(
     flat["trial"] = fresh.trial
     overridden: set[str] = set()
     changes: list[str] = []
+    last: dict[str, tuple[str, object]] = {}  # a key given twice: the later value wins, as in load_config
     for item in given:
         path, value = parse_override(item)
-        key = ".".join(path)
+        last.pop(".".join(path), None)
+        last[".".join(path)] = (item, value)
+    for key, (item, value) in last.items():
         if key in stored and stored[key] == value:
             continue  # the recorded value again (e.g. storage.root, to find the trial): not a change
         _check_override(key, value, trained_version)

@@ -140,3 +140,15 @@ def test_a_trained_trial_cannot_be_extended_by_a_resume(trial: Storage, tmp_path
     with pytest.raises(ResumeOverrideError, match="only finalizes it"):
         settle_config(trial, _cfg(), state="trained", overrides=["train.steps=300"])
     assert settle_config(trial, _cfg(), state="trained", overrides=[]).cfg.train.steps == 200
+
+
+def test_a_key_given_twice_on_resume_takes_the_later_value(trial: Storage, tmp_path: Path) -> None:
+    """``train.steps=10000 train.steps=3`` means 3, as load_config reads it: when 3 is the recorded value,
+    the resume is no change at all (the earlier 10000 must not slip through as an override)."""
+    settle_config(trial, _cfg("train.steps=3"), state="new", overrides=[])
+    _trained_to(trial, 3, tmp_path)
+    resumed = settle_config(
+        trial, _cfg(), state="trained", overrides=["trial=t1", "train.steps=10000", "train.steps=3"]
+    )
+    assert resumed.cfg.train.steps == 3
+    assert resumed.overrides == []

@@ -85,7 +85,7 @@ def test_the_demo_prints_a_short_story_with_progress_lines_and_the_summary(
         assert re.search(r"reward \d\.\d{3}", m.group(4)) and "completions/s" in m.group(4), m.group(0)
         assert re.search(r"staleness \d+\.\d", m.group(4)), m.group(0)
     assert "held-out accuracy 0." in progress[0].group(4), progress[0].group(0)  # the "before" score, v0
-    assert any(re.search(r"held-out accuracy [01]\.\d{3} \(v[1-9]\d*\)", m.group(4)) for m in progress), out
+    assert any(re.search(r"held-out accuracy [01]\.\d{3} \(v[1-9]\d*[;)]", m.group(4)) for m in progress), out
 
     summary = read_summary(out)
     assert set(summary) == {"eval_accuracy_before", "eval_accuracy_after"}, out[-3000:]
