@@ -429,7 +429,10 @@ def summarize(runs: list[dict[str, Any]], seconds: float, steps: Sequence[int] =
         out[f"{system}_acc_at_{s}s"] = _fmt(median(acc))
         out[f"{system}_acc_at_{s}s_spread"] = spread(acc)
         for i, half in ((1, "solved"), (2, "unsolved")):  # retention and learning (bench.peer_eval)
-            at = [value_at([(p[0], p[i]) for p in r.get("retention", [])], seconds, final_from=seconds) for r in rs]
+            at = [
+                value_at([(p[0], p[i]) for p in r.get("retention", [])], seconds, final_from=seconds)
+                for r in rs
+            ]
             out[f"{system}_acc_base_{half}_at_{s}s"] = _fmt(median(at))
     if "trl" in by and "rollflow" in by:
         trl_cps = median([r["completions_per_s"] for r in by["trl"]])

@@ -336,7 +336,9 @@ class RolloutWorker:
     def _claim_fits(self, reserved: int) -> bool:
         released = self._others_released + self._own_released()
         version = int(self.version_fn())
-        fits = self.staleness.claim_fits(reserved, released=released, credited=self._credited, version=version)
+        fits = self.staleness.claim_fits(
+            reserved, released=released, credited=self._credited, version=version
+        )
         self._claim_blocked = not fits  # the time accounting's claim_wait
         return fits
 
