@@ -15,8 +15,6 @@ from one of three sources (``cfg.kind``):
 * ``hub`` - a dataset name on the Hugging Face hub (``cfg.hub_config`` picks its config), online only.
 * ``reasoning_gym`` - a reasoning-gym generator (``rollflow.data.reasoning_gym``); ``cfg.eval_split``
   gives its held-out rows, any other split its training rows.
-* ``reasoning_gym`` - a reasoning-gym generator (``rollflow.data.reasoning_gym``); ``cfg.eval_split``
-  gives its held-out rows, any other split its training rows.
 
 The mapping is ``cfg``'s: the prompt is ``cfg.messages_field`` (a list of ``{role, content}``) if set,
 else ``cfg.prompt_field`` (a string, sent as one user message); ``cfg.system_prompt`` is prepended
@@ -412,11 +410,6 @@ def load_prompts(
         DatasetFileError: a file that is not UTF-8, is empty or cannot be parsed (names the file).
         ConfigError: ``cfg.path``/``cfg.format`` cannot name the split's files.
     """
-    if cfg.kind == "reasoning_gym":
-        from rollflow.data.reasoning_gym import reasoning_gym_rows  # the package is imported only here
-
-        rows = reasoning_gym_rows(cfg.reasoning_gym, "test" if split == cfg.eval_split else "train")
-        return rows[: cfg.max_rows] if cfg.max_rows is not None else rows
     if cfg.kind == "reasoning_gym":
         from rollflow.data.reasoning_gym import reasoning_gym_rows  # the package is imported only here
 
