@@ -53,9 +53,7 @@ def _cfg() -> ExperimentConfig:
     cfg.rollout.shard_flush_rows = 2
     cfg.rollout.shard_flush_seconds = 0.05
     cfg.rollout.generation.max_new_tokens = 300  # long enough to be cut in the middle
-    cfg.rollout.generation.stop_token_ids = [
-        10**6
-    ]  # no extra stops (the model's EOS still ends some samples)
+    cfg.rollout.generation.stop_token_ids = []  # no extra stops (the model's EOS still ends some samples)
     return cfg
 
 
