@@ -232,7 +232,11 @@ def run_async_rl(
             from rollflow.tracking.mlflow_tracker import MlflowTracker
 
             tracker = MlflowTracker(cfg)
-            tracker.start(tags={**run_lineage(cfg, source_version), **resume_tags(resumed)})
+            from rollflow.training.warm_start_reuse import warm_start_tags
+
+            tracker.start(
+                tags={**run_lineage(cfg, source_version), **resume_tags(resumed), **warm_start_tags(cfg)}
+            )
             tracker.log_dataset_inputs()  # the train and eval sets as the run's MLflow dataset inputs
         storage = open_trial_storage(cfg)
         status = "FAILED"

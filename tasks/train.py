@@ -34,8 +34,9 @@ def train_loop(
     timeline: Timeline | None = None,
     report_progress: bool = True,
 ) -> dict[str, Any]:
-    from rollflow.training.trainer import Trainer
+    from rollflow.training.warm_start_reuse import trainer_class
 
+    Trainer = trainer_class(cfg)  # noqa: N806  # the plain Trainer unless train.warm_start_from is set
     logger = get_run_logger()
     stop_event = stop_event or threading.Event()
     storage = open_trial_storage(cfg)

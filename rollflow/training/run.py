@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    from rollflow.training.trainer import Trainer
+    from rollflow.training.warm_start_reuse import trainer_class
 
+    Trainer = trainer_class(cfg)  # noqa: N806  # the plain Trainer unless train.warm_start_from is set
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: Any) -> None:
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainerError as e:
         logging.getLogger(__name__).error("trainer failed: %s", e)
         return 1
+    except ConfigError as e:  # train.warm_start_from names a trial it cannot reuse
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if rank == 0:
         print(json.dumps(dataclasses.asdict(summary)), flush=True)
     return 0

@@ -69,6 +69,45 @@ class LoraConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    trial: str | None = field(
+        default=None,
+        metadata=help_(
+            "An earlier trial of the same storage root whose committed trajectory groups this trial trains "
+            "on first, in their commit order, before its own rollouts (an off-policy warm start; null = "
+            "off). Each token's stored behaviour logprob is the decoupled loss's behaviour policy, so "
+            "train.behav_imp_weight_cap bounds how far off-policy a token may be. The source trial is "
+            "read, never written; it must have the same model. Risk: groups sampled by a policy far from "
+            "this one are mostly masked by the cap (or, uncapped, give high-variance updates)."
+        ),
+    )
+    experiment: str | None = field(
+        default=None, metadata=help_("Experiment of the source trial; null = this trial's experiment.")
+    )
+    max_groups: int | None = field(
+        default=None, metadata=help_("Reuse at most this many groups (the oldest); null = all.")
+    )
+    max_version: int | None = field(
+        default=None,
+        metadata=help_(
+            "Reuse only groups whose head version (policy that began them) is <= this; null = all."
+        ),
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.trial is not None
+
+    def __post_init__(self) -> None:
+        if self.trial is not None:
+            check(bool(self.trial.strip()), "train.warm_start_from.trial", "must be a trial name or null")
+        if self.max_groups is not None:
+            check(self.max_groups >= 1, "train.warm_start_from.max_groups", "must be >= 1 or null")
+        if self.max_version is not None:
+            check(self.max_version >= 0, "train.warm_start_from.max_version", "must be >= 0 or null")
+
+
+@dataclass
 class TrainConfig:
     steps: int = field(default=100, metadata=help_("Optimizer steps to run (= final policy version)."))
     batch_size: int = field(default=16, metadata=help_("Groups (prompts) per optimizer step."))
@@ -196,6 +235,10 @@ class TrainConfig:
     threads: int = field(default=1, metadata=help_("torch threads of the trainer on CPU."))
     lora: LoraConfig = field(
         default_factory=LoraConfig, metadata=help_("LoRA adapters instead of full fine-tuning (off).")
+    )
+    warm_start_from: WarmStartConfig = field(
+        default_factory=WarmStartConfig,
+        metadata=help_("Train first on an earlier trial's committed groups, then online (off: trial null)."),
     )
 
     def __post_init__(self) -> None:
