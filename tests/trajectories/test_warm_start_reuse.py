@@ -140,6 +140,35 @@ def test_warm_start_trains_on_the_source_groups_then_online(setup) -> None:  # n
     assert not torch.allclose(w, torch.ones_like(w))
 
 
+def test_a_restart_mid_warm_start_goes_on_from_the_next_reused_group(setup) -> None:  # noqa: ANN001
+    import threading
+
+    from rollflow.training.warm_start_reuse import WarmStartTrainer
+
+    data, source_groups, _ = setup
+    cfg = dataclasses.replace(_cfg(data, trial="source", max_groups=REUSED), trial="restarted")
+    storage = open_trial_storage(cfg)
+    own = _groups("o", OWN, seed=1)
+    _write(storage, own)
+    stop = threading.Event()
+
+    class StopAfterOne:
+        def before_step(self, version: int) -> None:
+            pass
+
+        def after_step(self, version: int) -> None:
+            stop.set()
+
+    first = WarmStartTrainer(cfg, storage, stop_event=stop, hooks=StopAfterOne()).run()
+    assert first.stopped and first.final_version == 1
+    second = WarmStartTrainer(cfg, storage).run()
+    assert second.final_version == 3 and second.resumed_from == 1
+    steps = [storage.get_json(keys.consumed_key(k))["groups"] for k in (1, 2, 3)]
+    assert steps[0] + steps[1][:2] == [g.group_id for g in source_groups[:REUSED]]
+    assert steps[1][2:] + steps[2] == [g.group_id for g in own]
+    assert second.groups_consumed == OWN
+
+
 def test_refusals(setup) -> None:  # noqa: ANN001
     from rollflow.training.warm_start_reuse import load_warm_start
 
