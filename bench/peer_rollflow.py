@@ -197,10 +197,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from rollflow.inference.watcher import CheckpointWatcher
     from rollflow.timing.clock import Timeline
     from rollflow.timing.report import TimingReporter, bounds
-    from rollflow.training.trainer import Trainer
+    from rollflow.training.warm_start_reuse import trainer_class
     from storage.checkpoints import CheckpointStore
 
     cfg = _config(spec)
+    Trainer = trainer_class(cfg)  # noqa: N806  # the plain Trainer unless train.warm_start_from is set (bench.reuse)
     out = Path(spec["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     seconds, every = float(spec["seconds"]), float(spec["snapshot_every_s"])
