@@ -10,7 +10,8 @@ Options: ``--families`` (names, ``dev``, ``test`` or ``all``), ``--seeds`` (defa
 horizon, default 240), ``--eval-times`` (the table's columns), ``--snapshot-every`` (seconds between
 weight snapshots, each scored off the clock), ``--size`` / ``--eval-size`` (a reasoning-gym family's
 prompts), ``--calibrate`` (only build each family's warm start and print its base accuracy and solved
-share: run it first, a base outside 0.1-0.4 means the warm-start setting must change), ``--report-only``
+share, and merge them with the family's settings into ``<out>/calibration.json``: run it first, a base
+outside 0.1-0.4 means the family's setting must change), ``--report-only``
 (only rebuild the table and picture from results already there), and dotted overrides for both systems.
 
 How long: per family ``seeds x 2 systems x (horizon + ~25 s start-up and scoring)``, plus one warm start
@@ -33,9 +34,19 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
-from bench.suite.families import FAMILIES, ROOT, Family, candidate_overrides, family_config, select
+from bench.suite.families import (
+    FAMILIES,
+    ROOT,
+    WARM_START_STEPS,
+    Family,
+    candidate_overrides,
+    family_config,
+    select,
+)
 from bench.suite.report import load, plot, table
 
 
@@ -61,6 +72,36 @@ def calibrate(f: Family, config: Path, overrides: list[str]) -> dict[str, float]
     correct = scorer.correct(None)
     acc = sum(correct) / max(1, len(correct))
     return {"base_acc": acc, "base_solved": float(sum(correct)), "n_eval": float(len(correct))}
+
+
+def record_calibration(path: Path, f: Family, base: dict[str, float], overrides: list[str]) -> dict[str, Any]:
+    """Merge family ``f``'s base figures and settings into ``path`` (one entry per family, the latest kept).
+
+    The solved share is the base accuracy; the unsolved share is ``1 - base_acc``; ``in_range`` says
+    whether the base lies in 0.1-0.4 with both shares non-empty.
+    """
+    docs: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    n, solved = int(base["n_eval"]), int(base["base_solved"])
+    acc = base["base_acc"]
+    steps = [o.split("=", 1)[1] for o in overrides if o.startswith("model.tiny.warm_start_steps=")]
+    docs[f.name] = {
+        "split": f.split,
+        "task": f.task,
+        "params": f.params,
+        "warm_start_params": f.warm_start_params,
+        "warm_start_steps": int(steps[-1]) if steps else WARM_START_STEPS,
+        "n_eval": n,
+        "base_solved": solved,
+        "base_unsolved": n - solved,
+        "base_acc": round(acc, 4),
+        "share_solved": round(acc, 4),
+        "share_unsolved": round(1.0 - acc, 4),
+        "in_range": bool(0.1 <= acc <= 0.4 and 0 < solved < n),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(docs, indent=1, sort_keys=True) + "\n")
+    return docs[f.name]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             in_range = "ok" if 0.1 <= base["base_acc"] <= 0.4 else "OUT OF 0.1-0.4"
             print(f"suite_{f.name}_base_acc {base['base_acc']:.3f}  # {f.split}, {in_range}", flush=True)
             print(f"suite_{f.name}_base_solved {base['base_solved']:.0f}/{base['n_eval']:.0f}", flush=True)
+            record_calibration(out / "calibration.json", f, base, overrides)
             continue
         if args.report_only:
             continue
