@@ -16,7 +16,7 @@ What it is:
     ``storage.root`` to find the trial, is not a change), except where they would make the record
     false: a key that defines the data, the model or where the trial lives (``RECORD_KEYS``:
     ``experiment``, ``seed``, ``model.*``, ``dataset.*``, ``eval.split``, ``eval.n_prompts``,
-    ``eval.correct_reward``, ``storage.root``, ``train.lora.*``), or a ``train.steps`` below the version
+    ``eval.correct_reward``, ``storage.root``, ``train.lora.*``, ``train.warm_start_from.*``), or a ``train.steps`` below the version
     already trained. Those raise ``ResumeOverrideError`` (a ``ConfigError``) saying what to do instead;
   - keys where the present YAML differs from the record without an override are reported
     (``ResumedConfig.ignored``) so the flow can say that the record won.
@@ -66,6 +66,7 @@ RECORD_KEYS = (
     "eval.correct_reward",
     "storage.root",
     "train.lora.",
+    "train.warm_start_from.",  # where the first steps' data came from (record/warm-start.json)
 )
 
 

@@ -152,3 +152,9 @@ def test_a_key_given_twice_on_resume_takes_the_later_value(trial: Storage, tmp_p
     )
     assert resumed.cfg.train.steps == 3
     assert resumed.overrides == []
+
+
+def test_the_warm_start_source_cannot_change_on_resume(trial: Storage, tmp_path: Path) -> None:
+    settle_config(trial, _cfg(), state="new", overrides=[])
+    with pytest.raises(ResumeOverrideError, match="train.warm_start_from.trial"):
+        settle_config(trial, _cfg(), state="unfinished", overrides=["train.warm_start_from.trial=other"])
