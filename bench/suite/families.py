@@ -15,8 +15,10 @@ The split (docs/learning.md, "The suite", written before any tuning):
 
 The warm-start settings are one step easier than the target (fewer terms, fewer digits, smaller
 numbers). Whether each lands the base at 0.1-0.4 held out is checked by ``python -m bench.suite.run
---calibrate`` (it prints ``base_acc`` and the solved share per family); a family outside that range gets
-its warm-start setting changed before any learning run, and the change is written down with the split.
+--calibrate`` (it prints ``base_acc`` and the solved share per family and writes them to
+``bench/results/suite/calibration.json``); a family outside that range gets its setting (target or warm
+start) changed before any learning run, and the change is written down with the split. The settings
+below are the calibrated ones (docs/learning.md lists each try).
 
 What it is not: the runner (``run.py``) or the report (``report.py``).
 """
