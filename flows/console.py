@@ -24,9 +24,10 @@ import contextlib
 import logging
 import os
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from flows.local_api import healthy
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 PER_CALL_LOGGERS = ("rollflow.rewards.runner",)  # a line per completion scored: too many even for -v
@@ -80,14 +81,6 @@ UI_URL_ENV = "ROLLFLOW_MLFLOW_UI_URL"  # where a UI on a SQLite store is meant t
 UI_PORT = 5000  # `mlflow ui`'s default port
 
 
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def _mlflow_command() -> str:
     """The ``mlflow`` of this environment, relative to the working directory when it lies below it."""
     exe = Path(sys.executable).parent / "mlflow"
@@ -104,9 +97,9 @@ def mlflow_lines(tracking_uri: str | None, run_url: str | None) -> list[str]:
     page = "#/" + run_url.split("#/", 1)[1]
     if tracking_uri.startswith("http"):
         url = f"{tracking_uri.rstrip('/')}/{page}"
-        return [f"MLflow:  {url}" + ("" if _answers(tracking_uri) else "  (the server does not answer now)")]
+        return [f"MLflow:  {url}" + ("" if healthy(tracking_uri) else "  (the server does not answer now)")]
     meant = os.environ.get(UI_URL_ENV)
-    if meant and _answers(meant):
+    if meant and healthy(meant):
         return [f"MLflow:  {meant.rstrip('/')}/{page}"]
     head = (
         f"MLflow:  nothing answers at {meant} (${UI_URL_ENV}); open this run with MLflow's UI on its store:"

@@ -39,9 +39,10 @@ def _restore(name: str, value: str | None) -> None:
         os.environ[name] = value
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
+    """Whether the server at ``url`` (a Prefect API or an MLflow server) answers ``/health`` with 200."""
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=2) as r:
             return r.status == 200
     except OSError:
         return False
@@ -78,7 +79,7 @@ def local_prefect_api(startup_timeout_s: float = 300.0) -> Iterator[str | None]:
     (server,) = group.servers
     try:
         deadline = time.monotonic() + startup_timeout_s
-        while not _healthy(url):
+        while not healthy(url):
             if server.process.poll() is not None:
                 raise RuntimeError(f"the local Prefect API server exited:\n{server.log_tail()}")
             if time.monotonic() > deadline:
