@@ -309,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         doc["system"], doc["seed"], doc["wall_s"] = system, seed, time.monotonic() - t0
         runs.append(doc)
         final = doc["curve"][-1]
+        # after every run, so a stopped benchmark keeps what it measured ("partial": the summary comes last)
+        _write_doc(out, name, args, base_acc, len(eval_rows), {}, runs, partial=True)
         print(
             f"# {system} seed {seed}: {doc['steps']} steps in {doc['train_seconds']:.0f} s, "
             f"{doc['completions_per_s']:.0f} completions/s, acc {final[1]:.3f} at {final[0]:.0f} s",
@@ -320,20 +322,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k} {v}")
     for line in timing_lines(runs):
         print(line)
+    _write_doc(out, name, args, base_acc, len(eval_rows), summary, runs, partial=False)
+    plot(runs, out / f"peer_{name}.png", title=f"{name}: greedy held-out accuracy ({len(eval_rows)} prompts)")
+    print(f"# wrote {out / f'peer_{name}.json'} and .png", flush=True)
+    return 0
+
+
+def _write_doc(
+    out: Path,
+    name: str,
+    args: argparse.Namespace,
+    base_acc: float,
+    n_eval: int,
+    summary: dict[str, str],
+    runs: list[dict[str, Any]],
+    *,
+    partial: bool,
+) -> None:
+    """Write ``out/peer_<name>.json``: the runs so far, and the summary once every run is in."""
     doc = {
         "config": args.config,
         "overrides": args.overrides,
         "seconds": args.seconds,
         "threads": args.threads,
         "base_acc": base_acc,
-        "n_eval": len(eval_rows),
+        "n_eval": n_eval,
+        "partial": partial,
         "summary": summary,
         "runs": runs,
     }
-    (out / f"peer_{name}.json").write_text(json.dumps(doc, indent=1))
-    plot(runs, out / f"peer_{name}.png", title=f"{name}: greedy held-out accuracy ({len(eval_rows)} prompts)")
-    print(f"# wrote {out / f'peer_{name}.json'} and .png", flush=True)
-    return 0
+    tmp = out / f".peer_{name}.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(out / f"peer_{name}.json")
 
 
 def _fmt(x: float) -> str:
