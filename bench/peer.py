@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     from rollflow.api.workflow import import_string
     from rollflow.configuration.loader import load_config
     from rollflow.data import load_prompts
-    from rollflow.models.bootstrap import bootstrap_for
+    from rollflow.models.bootstrap import bootstrap_for, current_tiny_model
 
     # a task folder's config.yaml is named after its folder (bench/tasks/sub_gap/config.yaml -> sub_gap)
     name = Path(args.config).stem if Path(args.config).stem != "config" else Path(args.config).parent.name
@@ -225,7 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model_path = runs_dir / "model"
     if cfg.model.bootstrap_tiny:
-        bootstrap_for(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model_path))))
+        ready = current_tiny_model(cfg)
+        if ready is not None:  # the config's own directory already holds this exact build: no warm start
+            model_path = ready
+            print(f"# reusing the tiny model at {ready} (same build key)", flush=True)
+        else:
+            bootstrap_for(
+                dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model_path)))
+            )
     else:
         try:
             model_path = start_model(args.config, cfg.model.path)

@@ -465,10 +465,23 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
+def _experiment_task(cfg: ExperimentConfig) -> Any:
+    """The task an experiment's tiny model is warm-started for (a reasoning-gym task: its easier setting)."""
+    if cfg.dataset.kind == "reasoning_gym":
+        return reasoning_gym_key(cfg.dataset.reasoning_gym)
+    return cfg.dataset.synthetic.task
+
+
 def bootstrap_for(cfg: ExperimentConfig) -> Path:
     """The tiny model of an experiment: its tiny-model settings and seed, warm-started for the task its
     dataset trains on (``dataset.synthetic.task``), at ``model.path``."""
-    task: Any = cfg.dataset.synthetic.task
-    if cfg.dataset.kind == "reasoning_gym":  # warm-start on the generator's easier setting
-        task = reasoning_gym_key(cfg.dataset.reasoning_gym)
-    return bootstrap_tiny_model(cfg.model.tiny, cfg.model.path, seed=cfg.seed, task=task)
+    return bootstrap_tiny_model(cfg.model.tiny, cfg.model.path, seed=cfg.seed, task=_experiment_task(cfg))
+
+
+def current_tiny_model(cfg: ExperimentConfig) -> Path | None:
+    """``model.path`` when it already holds the build ``bootstrap_for(cfg)`` would make (same marker key),
+    else None. Finds only: never builds, moves or removes anything."""
+    out = Path(cfg.model.path).resolve()
+    marker = read_marker(out)
+    key = marker_key(cfg.model.tiny, cfg.seed, _experiment_task(cfg))
+    return out if marker is not None and marker.get("key") == key else None
