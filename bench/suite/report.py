@@ -7,10 +7,13 @@ family); ``table(docs, times, horizon)`` gives the rows family x system with
   solves (the greedy base run decides the solved / unsolved split);
 * ``acc@t``: median held-out accuracy over the seeds at each evaluation time ``t`` (min..max beside it);
 * ``t_trl_final``: rollflow's median time to TRL's median final accuracy, as a share of the horizon
-  (``time_to_trl_final_ratio``; <= 0.5 is the target on half the test families);
+  (``time_to_trl_final_ratio``; <= 0.5 is the target on half the test families); ``n/a`` when TRL ended
+  at or below the base, where any curve "reaches" it at 0 s;
 * ``c_to_0.8``: completions generated until held-out 0.8 (median over the runs that got there);
 * ``retention``: accuracy at the horizon on the problems the starting policy solved (its start is 1.0 on
   them by construction), median over seeds;
+* ``unsolved``: the same on the problems it did not solve (what was learnt); ``compl/s``: completions
+  generated per training second; ``cores``: rollflow's least busy core over its run (``time/cpu``);
 * ``>= trl``: whether rollflow's median is at or above TRL's at every evaluation time after the first 30 s.
 
 ``plot(docs, path, horizon)`` draws one panel per family: median accuracy against training seconds per
@@ -67,12 +70,17 @@ def table(
 ) -> tuple[str, dict[str, str]]:
     """The summary table (text) and its ``key value`` figures."""
     head = ["family", "split", "system", "base", *(f"acc@{t:g}s" for t in times)]
-    head += ["t_trl_final", "c_to_0.8", "retention", ">= trl"]
+    head += ["t_trl_final", "c_to_0.8", "retention", "unsolved", "compl/s", "cores", ">= trl"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     keys: dict[str, str] = {}
     for name, doc in docs.items():
         summary = doc.get("summary", {})
         medians = {s: [median(_at(_runs(doc, s), t, horizon)) for t in times] for s in SYSTEMS}
+        base = float(doc.get("base_acc", math.nan))
+        t_final = summary.get("time_to_trl_final_ratio", "-")
+        trl_final = median(_at(_runs(doc, "trl"), horizon, horizon)) if _runs(doc, "trl") else math.nan
+        if math.isfinite(trl_final) and trl_final <= base:
+            t_final = "n/a"  # TRL ended at or below the base: "reaching" it says nothing
         for system in SYSTEMS:
             rs = _runs(doc, system)
             if not rs:
@@ -88,15 +96,20 @@ def table(
                 ge = "-" if not pairs else "yes" if all(a >= b for a, b in pairs) else "no"
             row = [name, splits.get(name, "?"), system, f"{doc.get('base_acc', math.nan):.3f}"]
             row += [_fmt(a) for a in accs]
-            row += [summary.get("time_to_trl_final_ratio", "-") if system == "rollflow" else "-",
-                    summary.get(f"{system}_completions_to_0.8", "-"), _fmt(_at(rs, horizon, horizon, 1)), ge]  # fmt: skip
+            row += [t_final if system == "rollflow" else "-",
+                    summary.get(f"{system}_completions_to_0.8", "-"), _fmt(_at(rs, horizon, horizon, 1)),
+                    _fmt(_at(rs, horizon, horizon, 2)), summary.get(f"{system}_completions_per_s", "-"),
+                    summary.get("rollflow_core_busy_min", "-") if system == "rollflow" else "-", ge]  # fmt: skip
             lines.append(" | ".join(row))
             for t, a in zip(times, accs, strict=True):
                 keys[f"suite_{name}_{system}_acc_at_{t:g}s"] = f"{median(a):.3f}"
             keys[f"suite_{name}_{system}_retention"] = f"{median(_at(rs, horizon, horizon, 1)):.3f}"
+            keys[f"suite_{name}_{system}_unsolved"] = f"{median(_at(rs, horizon, horizon, 2)):.3f}"
+            keys[f"suite_{name}_{system}_gain"] = f"{median(_at(rs, horizon, horizon)) - base:+.3f}"
             if system == "rollflow":
                 keys[f"suite_{name}_rollflow_ge_trl_after_30s"] = ge
-                keys[f"suite_{name}_time_to_trl_final_ratio"] = summary.get("time_to_trl_final_ratio", "-")
+                keys[f"suite_{name}_time_to_trl_final_ratio"] = t_final
+                keys[f"suite_{name}_rollflow_core_busy_min"] = summary.get("rollflow_core_busy_min", "-")
         keys[f"suite_{name}_base_acc"] = f"{doc.get('base_acc', math.nan):.3f}"
     return "\n".join(lines), keys
 

@@ -72,3 +72,10 @@ def test_the_table_reads_medians_at_each_time_and_compares_with_trl() -> None:
         table({"fam": doc}, {"fam": "test"}, [30.0, 60.0], 60.0)[1]["suite_fam_rollflow_ge_trl_after_30s"]
         == "no"
     )
+    assert keys["suite_fam_rollflow_gain"] == "+0.350"  # 0.6 at the horizon against the base 0.25
+    doc["runs"][0]["curve"][-1] = (61.0, 0.2)
+    doc["runs"][1]["curve"][-1] = (62.0, 0.25)  # TRL ends at the base: reaching it says nothing
+    assert (
+        table({"fam": doc}, {"fam": "test"}, [30.0, 60.0], 60.0)[1]["suite_fam_time_to_trl_final_ratio"]
+        == "n/a"
+    )
