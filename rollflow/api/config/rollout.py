@@ -68,9 +68,10 @@ class RolloutConfig:
         metadata=help_(
             "Max policy versions a trajectory may lag the trainer (AReaL's eta). 0 with "
             "pause_during_training is the synchronous baseline. Evidence for the default: 2 is the peer "
-            "value (AReaL's examples); 1 learned more per generated token on sub_gap, a dev family, "
-            "but no value has been judged on the suite's test families yet (docs/learning.md, 'The rule "
-            "for defaults'), so configs/tiny_hard.yaml sets 1 and the default stays the peers'."
+            "value (AReaL's examples), and the set of peer values is what ran against TRL on the suite's "
+            "test families (docs/learning.md, 'The judged run'); 1 learned more per generated token on "
+            "sub_gap, a dev family, but was never run on the test families, so configs/tiny_hard.yaml "
+            "sets 1 and the default stays the peers'."
         ),
     )
     pause_during_training: bool = field(
@@ -123,7 +124,9 @@ class RolloutConfig:
         metadata=help_(
             "DAPO dynamic sampling: drop groups whose rewards are all equal (zero GRPO advantage) and "
             "generate more until each batch is full of groups with signal. Costs extra generation, "
-            "counted as rollout/rejected_filtered. Applied before should_accept_fn when both are set."
+            "counted as rollout/rejected_filtered. Applied before should_accept_fn when both are set. "
+            "Evidence for the default: off is the peer value (TRL; verl has it off unless asked) and is "
+            "what ran against TRL on the suite's test families (docs/learning.md, 'The judged run')."
         ),
     )
     dynamic_sampling_max_extra: float | None = field(
@@ -143,8 +146,8 @@ class RolloutConfig:
             "epoch (rollflow/rollout/prompt_filter.py). None or 0 = off, the peer value (TRL and verl "
             "generate every prompt); must be < 1. Evidence for the default: 0.97 / 0.5 won a sweep on "
             "add_gap, a dev family (docs/learning.md), and cost retention of solved problems on a task it "
-            "was not tuned on; not yet judged on the suite's test families, so it is off by default and "
-            "set in configs/tiny_hard.yaml."
+            "was not tuned on; it was never run on the suite's test families, so it is off by default "
+            "(the value judged there, docs/learning.md 'The judged run') and set in configs/tiny_hard.yaml."
         ),
     )
     skip_unsolved_prob: float | None = field(

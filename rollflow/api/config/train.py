@@ -124,8 +124,9 @@ class TrainConfig:
             "Passes over each batch per step (off-policy reuse, GRPO's mu): every pass makes "
             "ppo_n_minibatches updates against the same proximal logprobs, the clip bounding the drift. "
             "Evidence for the default: 1 is the peer value (TRL's num_iterations, verl's ppo_epochs). 2 "
-            "halved the completions to 0.8 held-out on sub_gap, a dev family (docs/learning.md), but has "
-            "not been judged on the suite's test families, so configs/tiny_hard.yaml sets it. It costs "
+            "halved the completions to 0.8 held-out on sub_gap, a dev family (docs/learning.md), but was "
+            "never run on the suite's test families, where 1 was judged against TRL (docs/learning.md, "
+            "'The judged run'), so configs/tiny_hard.yaml sets it. It costs "
             "trainer compute only, which waits for data most of the time when generation bounds the run."
         ),
     )
@@ -134,7 +135,12 @@ class TrainConfig:
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=help_("AdamW betas."))
     warmup_steps: int = field(default=0, metadata=help_("Linear LR warmup steps."))
     lr_schedule: Literal["constant", "cosine"] = field(
-        default="constant", metadata=help_("LR schedule after warmup.")
+        default="constant",
+        metadata=help_(
+            "LR schedule after warmup. Evidence for the default: constant is the peer value (TRL's and "
+            "verl's GRPO examples) and is what ran against TRL on the suite's test families "
+            "(docs/learning.md, 'The judged run'); cosine was never run there."
+        ),
     )
     min_lr_ratio: float = field(
         default=0.0, metadata=help_("Cosine schedule: final lr as a fraction of train.lr (0 = decay to 0).")
@@ -146,7 +152,11 @@ class TrainConfig:
     eps_clip: float = field(default=0.2, metadata=help_("PPO clip range epsilon (lower bound 1 - eps)."))
     eps_clip_higher: float | None = field(
         default=None,
-        metadata=help_("Asymmetric upper clip 1 + eps_high (DAPO's clip-higher); None = eps_clip."),
+        metadata=help_(
+            "Asymmetric upper clip 1 + eps_high (DAPO's clip-higher); None = eps_clip. Evidence for the "
+            "default: None (a symmetric clip) is the peer value and is what ran against TRL on the suite's "
+            "test families (docs/learning.md, 'The judged run')."
+        ),
     )
     c_clip: float | None = field(
         default=None,
