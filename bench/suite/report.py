@@ -94,23 +94,24 @@ def table(
                     if t > 30
                 ]
                 ge = "-" if not pairs else "yes" if all(a >= b for a, b in pairs) else "no"
-            row = [name, splits.get(name, "?"), system, f"{doc.get('base_acc', math.nan):.3f}"]
+            solved, unsolved = _at(rs, horizon, horizon, 1), _at(rs, horizon, horizon, 2)
+            row = [name, splits.get(name, "?"), system, f"{base:.3f}"]
             row += [_fmt(a) for a in accs]
             row += [t_final if system == "rollflow" else "-",
-                    summary.get(f"{system}_completions_to_0.8", "-"), _fmt(_at(rs, horizon, horizon, 1)),
-                    _fmt(_at(rs, horizon, horizon, 2)), summary.get(f"{system}_completions_per_s", "-"),
+                    summary.get(f"{system}_completions_to_0.8", "-"), _fmt(solved), _fmt(unsolved),
+                    summary.get(f"{system}_completions_per_s", "-"),
                     summary.get("rollflow_core_busy_min", "-") if system == "rollflow" else "-", ge]  # fmt: skip
             lines.append(" | ".join(row))
             for t, a in zip(times, accs, strict=True):
                 keys[f"suite_{name}_{system}_acc_at_{t:g}s"] = f"{median(a):.3f}"
-            keys[f"suite_{name}_{system}_retention"] = f"{median(_at(rs, horizon, horizon, 1)):.3f}"
-            keys[f"suite_{name}_{system}_unsolved"] = f"{median(_at(rs, horizon, horizon, 2)):.3f}"
+            keys[f"suite_{name}_{system}_retention"] = f"{median(solved):.3f}"
+            keys[f"suite_{name}_{system}_unsolved"] = f"{median(unsolved):.3f}"
             keys[f"suite_{name}_{system}_gain"] = f"{median(_at(rs, horizon, horizon)) - base:+.3f}"
             if system == "rollflow":
                 keys[f"suite_{name}_rollflow_ge_trl_after_30s"] = ge
                 keys[f"suite_{name}_time_to_trl_final_ratio"] = t_final
                 keys[f"suite_{name}_rollflow_core_busy_min"] = summary.get("rollflow_core_busy_min", "-")
-        keys[f"suite_{name}_base_acc"] = f"{doc.get('base_acc', math.nan):.3f}"
+        keys[f"suite_{name}_base_acc"] = f"{base:.3f}"
     return "\n".join(lines), keys
 
 

@@ -312,6 +312,11 @@ def marker_key(cfg: TinyModelConfig, seed: int, task: SyntheticTaskName = DEFAUL
     return {"recipe_version": RECIPE_VERSION, "seed": seed, "task": task, "tiny": dataclasses.asdict(cfg)}
 
 
+def _holds(marker: dict[str, Any] | None, key: dict[str, Any]) -> bool:
+    """Whether a directory with ``marker`` is the finished build of ``key``."""
+    return marker is not None and marker.get("key") == key
+
+
 def read_marker(out_dir: str | Path) -> dict[str, Any] | None:
     """The marker of a finished bootstrap directory, or None."""
     path = Path(out_dir) / MARKER
@@ -401,7 +406,7 @@ def bootstrap_tiny_model(
     out = Path(out_dir).resolve()
     key = marker_key(cfg, seed, task)
     marker = read_marker(out)
-    if marker is not None and marker.get("key") == key:
+    if _holds(marker, key):
         logger.debug("tiny model at %s is current (task %s, seed %d); not rebuilding", out, task, seed)
         return out
     if out.exists() and marker is None and (not out.is_dir() or any(out.iterdir())):
@@ -482,6 +487,6 @@ def current_tiny_model(cfg: ExperimentConfig) -> Path | None:
     """``model.path`` when it already holds the build ``bootstrap_for(cfg)`` would make (same marker key),
     else None. Finds only: never builds, moves or removes anything."""
     out = Path(cfg.model.path).resolve()
-    marker = read_marker(out)
-    key = marker_key(cfg.model.tiny, cfg.seed, _experiment_task(cfg))
-    return out if marker is not None and marker.get("key") == key else None
+    return (
+        out if _holds(read_marker(out), marker_key(cfg.model.tiny, cfg.seed, _experiment_task(cfg))) else None
+    )
