@@ -50,7 +50,7 @@ DEMO_CONFIG ?= configs/tiny_hard.yaml
 demo: install  ## bootstrap the tiny model and run async GRPO on the embedded default
 	$(PY) -m flows.async_rl --config $(DEMO_CONFIG) $(ARGS)
 
-test: test-plan install trl-venv vllm-venv browser  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
+test: test-plan install trl-venv vllm-venv sglang-venv browser  ## the whole suite (real Prefect, S3 (moto), MLflow and inference servers on 127.0.0.1)
 	$(VENV)/bin/pytest -q -ra --durations=25 $(PYTEST_ARGS)
 
 # Say what `make test` is about to build, and how big, before it builds it (only what is not built yet).
@@ -58,6 +58,7 @@ test-plan:
 	@test -f $(STAMP) || echo "make test: building $(VENV) (rollflow and its test tools, about 2.6 GB, 3-5 minutes)"
 	@test -f $(TRL_STAMP) || echo "make test: building $(TRL_VENV) (TRL, for the race tests against it, about 1.6 GB, 3 minutes)"
 	@test -f $(VLLM_STAMP) || echo "make test: building $(VLLM_VENV) (vLLM's CPU build, for the vllm backend's tests, about 3.4 GB, 2 minutes)"
+	@test -f $(SGLANG_STAMP) || echo "make test: building $(SGLANG_VENV) (SGLang's real server on CPU, for the sglang backend's tests, about 3.3 GB, 3 minutes)"
 
 test-fast: install
 	$(VENV)/bin/pytest -q -ra -m "not slow" $(PYTEST_ARGS)
@@ -117,6 +118,29 @@ $(VLLM_STAMP):
 	@touch $(VLLM_STAMP)
 
 vllm-venv: $(VLLM_STAMP)
+
+# SGLang's real server on CPU (inference.backend: sglang; tests/inference run it), in its own venv: PyPI's
+# sglang==0.5.23 pins a CUDA torch, so torch 2.13.0 (CPU) goes in first, then the requirements that worked
+# here, then sglang itself without its dependencies, then two import edits (infra/sglang_cpu_patch.py says
+# which and why). Built once (about 3 minutes, 3.3 GB) and reused until infra/requirements-sglang.txt changes.
+SGLANG_VENV := .venv-sglang
+SGLANG_PY := $(SGLANG_VENV)/bin/python
+SGLANG_STAMP := $(SGLANG_VENV)/.installed-$(shell cat infra/requirements-sglang.txt infra/sglang_cpu_patch.py | sha256sum | cut -c1-12)
+
+.PHONY: sglang-venv
+
+$(SGLANG_STAMP):
+	@test -x $(SGLANG_PY) || $(PYTHON) -m venv $(SGLANG_VENV)
+	# torch first and alone: the CPU wheel 2.13.0; then SGLang's requirements with torch held at 2.13.0.
+	$(SGLANG_PY) -m pip install -q --disable-pip-version-check $(TORCH_PIP_INDEX) torch==2.13.0
+	$(SGLANG_PY) -m pip install -q --disable-pip-version-check -r infra/requirements-sglang.txt -c <(echo torch==2.13.0)
+	$(SGLANG_PY) -m pip install -q --disable-pip-version-check --no-deps sglang==0.5.23
+	$(SGLANG_PY) infra/sglang_cpu_patch.py
+	$(SGLANG_PY) -c "import sglang.srt.entrypoints.http_server" 2>/dev/null
+	@rm -f $(SGLANG_VENV)/.installed-*
+	@touch $(SGLANG_STAMP)
+
+sglang-venv: $(SGLANG_STAMP)
 
 # Side by side with TRL: 5 seeds x 600 training seconds per system (about 2 hours on 2 cores), then the
 # synchronous baseline; prints key value lines, writes bench/results/peer_<config>.{json,png}.

@@ -71,6 +71,14 @@ class Settings:
     gen_prompt_len: int = 64
     gen_new_tokens: int = 128
     lr: float = 1e-5
+    gradient_checkpointing: bool = False
+
+
+# The memory sweep (--memory): the trainer's peak memory for one step whose micro-batch holds this many
+# tokens (sequences of prompt_len + completion_len), per shape, with and without gradient checkpointing.
+# It sizes the trainer beside an SGLang server on one GPU (rollflow plan; docs/gpu.md).
+MEMORY_SIZES = ("0.5b", "1.5b")
+MEMORY_MB_TOKENS = (4096, 8192, 16384)
 
 
 TINY = Settings(
@@ -134,6 +142,8 @@ def train_part(
     ctx = init_distributed("fsdp2")
     model = qwen2_shapes.build(s.size, dtype=torch.float32, device=device)  # fp32 master weights
     model.config.use_cache = False
+    if s.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     n_params = qwen2_shapes.param_count(model)
     model = wrap_model(model, ctx, bf16=True)
     opt = build_optimizer(model.named_parameters(), lr=cfg.lr)
@@ -285,6 +295,36 @@ def logprob_part(
     return figures
 
 
+def memory_part(base: Settings, device: torch.device, sizes: tuple[str, ...]) -> dict[str, float]:
+    """The memory sweep: ``mem_<size>_mb<tokens>_gc<0|1>_GB``, the peak allocated memory of two trainer steps
+    (fp32 master weights, AdamW state, bf16 compute) with one micro-batch of that many tokens; ``nan`` where
+    the device ran out of memory."""
+    figures: dict[str, float] = {}
+    seq = base.prompt_len + base.completion_len
+    for size in sizes:
+        for mb in MEMORY_MB_TOKENS if size != "tiny" else (256,):
+            for gc in (False, True):
+                n_seq = max(1, mb // seq)
+                s = Settings(
+                    size=size, prompt_len=base.prompt_len, completion_len=base.completion_len, groups=n_seq,
+                    group_size=1, steps=1, max_tokens_per_mb=n_seq * seq, gradient_checkpointing=gc,
+                )  # fmt: skip
+                key = f"mem_{size}_mb{mb}_gc{int(gc)}_GB"
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats(device)
+                try:
+                    train, model, ctx = train_part(s, device, None)
+                    figures[key] = train["train_peak_mem_GB"]
+                    figures[key.replace("_GB", "_step_s")] = train["train_step_s"]
+                    ctx.shutdown()
+                    del model, ctx
+                except torch.OutOfMemoryError:
+                    figures[key] = float("nan")
+                print(f"{key} {figures[key]:.6g}", flush=True)
+    return figures
+
+
 def _peak(device: torch.device, given: float | None) -> tuple[str, float | None]:
     if device.type != "cuda":
         return platform.processor() or platform.machine(), given
@@ -299,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="measured trainer steps (default 6, tiny 1)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak for MFU")
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/gpu_check[_tiny].json)")
+    ap.add_argument(
+        "--memory", action="store_true",
+        help="also the memory sweep: trainer peak memory per micro-batch size, 0.5B and 1.5B shapes",
+    )  # fmt: skip
     ap.add_argument("--dir", default=None, help="where the checkpoint is published (default: a temp dir)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -326,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         figures.update(update)
         figures.update(logprob_part(s, policy, inference, master, device))
         ctx.shutdown()
+        del policy, inference, master
+    if args.memory:
+        figures.update(memory_part(s, device, ("tiny",) if args.tiny else MEMORY_SIZES))
     figures["wall_s"] = time.perf_counter() - t_start
     for k, v in figures.items():
         print(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}", flush=True)

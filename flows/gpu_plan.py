@@ -101,6 +101,8 @@ def sglang_commands(cfg: ExperimentConfig, model_path: str | None = None) -> lis
                 api_key=inf.api_key,
                 weight_version=inf.initial_weight_version,
                 base_gpu_id=sg.base_gpu_id + i * sg.tp_size,
+                dtype=cfg.model.dtype,
+                pause_mode=inf.update_pause_mode,
             )
         )
         for i in range(inf.n_servers)

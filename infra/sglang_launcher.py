@@ -1,28 +1,85 @@
 """Launch SGLang servers (``python -m sglang.launch_server``) from config, wait for /health, stop them.
 
-What it is: ``launch_sglang_servers`` (``cfg.n_servers`` servers on one GPU node, server i on GPUs
-``base_gpu_id + i * tp_size`` onward, started as children through ``infra.servers.ServerGroup``: logs to
-files, SIGTERM then SIGKILL on stop, children die with the launcher). The argv is
-``rollflow.inference.sglang.sglang_command`` (unit-tested). The checkpoint watcher then keeps them on the
-newest weights through ``/update_weights_from_disk`` (see docs/inference.md for the sidecar layout on a
-GPU pool).
+What it is: ``launch_sglang_servers`` (``cfg.n_servers`` servers on one node, server i on GPUs
+``base_gpu_id + i * tp_size`` onward, or on the CPU; started as children through
+``infra.servers.ServerGroup``: logs to files, SIGTERM then SIGKILL on stop, children die with the
+launcher). The argv is ``rollflow.inference.sglang.sglang_command`` (unit-tested); this module resolves
+what only the launching machine knows: which Python has sglang (``sglang_python``) and whether the device
+is ``cuda`` or ``cpu`` (``resolve_device``). The checkpoint watcher then keeps the servers on the newest
+weights through ``/update_weights_from_disk`` (see docs/inference.md for the sidecar layout on a GPU pool).
 
-What it is not: an SGLang installation (the ``gpu`` extra; it cannot be installed on CPU machines), and
-no multi-node placement (one launcher per node; the work pool decides the nodes).
+On CPU (these machines' Xeons) SGLang runs on its plain-torch path from ``.venv-sglang`` (``make
+sglang-venv``); each server gets ``inference.server_threads`` torch threads and passive OpenMP waits, so
+an idle server leaves its cores to the trainer.
 
-SGLang takes its API key only as ``--api-key`` on the command line; logs show it redacted.
+What it is not: an SGLang installation, and no multi-node placement (one launcher per node; the work
+pool decides the nodes). SGLang takes its API key only as ``--api-key`` on the command line; logs show
+it redacted.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
+import sys
 from pathlib import Path
 
 from infra.servers import ServerGroup, free_port, start_servers
 from rollflow.api.config import InferenceConfig
+from rollflow.api.errors import ServerStartupError
 from rollflow.inference.sglang import sglang_command
+from rollflow.inference.vllm import REPO_ROOT, resolve_python
 
 logger = logging.getLogger(__name__)
+
+SGLANG_VENV_PYTHON = REPO_ROOT / ".venv-sglang" / "bin" / "python"
+
+
+def sglang_python(cfg: InferenceConfig) -> str:
+    """The interpreter that runs SGLang: ``inference.sglang.python`` (relative to the repository root), else
+    this one when it has sglang, else ``.venv-sglang``'s. Raises ``ServerStartupError`` saying how to get
+    one when none exists."""
+    given = cfg.sglang.python
+    if given is not None:
+        py = resolve_python(given)
+        if not py.exists() and "/" in given:
+            raise ServerStartupError(
+                f"SGLang's Python {py} does not exist (inference.sglang.python = {given!r}): run `make "
+                "sglang-venv` to build .venv-sglang (SGLang's CPU server), or point inference.sglang.python "
+                "at a Python that has sglang installed"
+            )
+        return str(py)
+    if importlib.util.find_spec("sglang") is not None:
+        return sys.executable
+    if SGLANG_VENV_PYTHON.exists():
+        return str(SGLANG_VENV_PYTHON)
+    raise ServerStartupError(
+        "inference.backend is sglang, but this Python has no sglang and .venv-sglang does not exist: run "
+        "`make sglang-venv` (SGLang's CPU server, about 3 minutes and 3.3 GB), install sglang here (GPU "
+        "machines: the GPU image has it), or set inference.sglang.python"
+    )
+
+
+def resolve_device(cfg: InferenceConfig) -> str:
+    """``inference.sglang.device``, with ``auto`` read on this machine: cuda when torch sees a GPU, else cpu."""
+    if cfg.sglang.device != "auto":
+        return cfg.sglang.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cpu_env(cfg: InferenceConfig) -> dict[str, str]:
+    """A CPU server's environment: ``server_threads`` torch threads, passive OpenMP waits, offline hub."""
+    threads = str(cfg.server_threads if isinstance(cfg.server_threads, int) else 1)
+    return {
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+    }
 
 
 def launch_sglang_servers(
@@ -36,15 +93,17 @@ def launch_sglang_servers(
 ) -> ServerGroup:
     """Start ``cfg.n_servers`` SGLang servers and wait up to ``cfg.sglang.startup_timeout_s`` for /health.
 
-    Ports: ``cfg.base_port + i`` or free ports; server i gets ``--base-gpu-id cfg.sglang.base_gpu_id +
-    i * tp_size``. Raises ``ServerStartupError`` with the failing server's log tail.
+    Ports: ``cfg.base_port + i`` or free ports; on GPUs server i gets ``--base-gpu-id
+    cfg.sglang.base_gpu_id + i * tp_size``. ``dtype`` (the model's) is used unless ``inference.sglang.dtype``
+    is set. Raises ``ServerStartupError`` with the failing server's log tail.
     """
     sg = cfg.sglang
+    python = sglang_python(cfg)
+    device = resolve_device(cfg)
     version = weight_version if weight_version is not None else cfg.initial_weight_version
+    n = cfg.n_servers if isinstance(cfg.n_servers, int) else 1
     ports = (
-        [cfg.base_port + i for i in range(cfg.n_servers)]
-        if cfg.base_port
-        else [free_port(cfg.host) for _ in range(cfg.n_servers)]
+        [cfg.base_port + i for i in range(n)] if cfg.base_port else [free_port(cfg.host) for _ in range(n)]
     )
     commands = [
         sglang_command(
@@ -56,13 +115,17 @@ def launch_sglang_servers(
             weight_version=version,
             base_gpu_id=sg.base_gpu_id + i * sg.tp_size,
             dtype=dtype,
+            python=python,
+            device=device,
+            pause_mode=cfg.update_pause_mode,
         )
         for i, p in enumerate(ports)
     ]
+    full_env = {**(cpu_env(cfg) if device == "cpu" else {}), **(env or {})}
     group = start_servers(
         commands,
         [f"{cfg.host}:{p}" for p in ports],
-        env=env,
+        env=full_env,
         log_dir=log_dir,
         shutdown_timeout_s=cfg.shutdown_timeout_s,
         name="sglang",
@@ -72,5 +135,5 @@ def launch_sglang_servers(
     except BaseException:
         group.stop(timeout_s=cfg.shutdown_timeout_s)
         raise
-    logger.info("SGLang servers ready: %s", ", ".join(group.addresses))
+    logger.info("SGLang servers ready (%s): %s", device, ", ".join(group.addresses))
     return group

@@ -40,18 +40,26 @@ def start_servers(cfg: ExperimentConfig, model_path: str) -> ServerHandle:
         group.supervise(  # restart a launched server that dies (infra/supervisor.py)
             max_restarts=inf.max_restarts,
             interval_s=inf.supervise_interval_s,
-            startup_timeout_s=inf.vllm.startup_timeout_s if inf.backend == "vllm" else inf.startup_timeout_s,
+            startup_timeout_s=restart_timeout_s(cfg),
         )
         handle = group
     logger.info("inference servers (%s): %s", inf.backend, ", ".join(handle.addresses))
     return handle
 
 
+def restart_timeout_s(cfg: ExperimentConfig) -> float:
+    """How long the supervisor waits for a restarted server: the backend's own start-up timeout."""
+    inf = cfg.inference
+    return {"vllm": inf.vllm.startup_timeout_s, "sglang": inf.sglang.startup_timeout_s}.get(
+        inf.backend, inf.startup_timeout_s
+    )
+
+
 def _launch(cfg: ExperimentConfig, model_path: str) -> ServerGroup:
     if cfg.inference.backend == "sglang":
         from infra.sglang_launcher import launch_sglang_servers
 
-        return launch_sglang_servers(cfg.inference, model_path)
+        return launch_sglang_servers(cfg.inference, model_path, dtype=cfg.model.dtype)
     if cfg.inference.backend == "vllm":
         from infra.vllm_launcher import launch_vllm_servers
 

@@ -37,15 +37,35 @@ async def until_vllm_streams(
     chunks: the engine is then decoding, and requests sent before this one are in its batch, about as far
     along. Returns the open ``httpx.AsyncClient`` of the stream; the caller closes it (``aclose``) after
     its next step, e.g. a kill."""
-    import httpx
 
     body = {"model": model, "prompt": "a", "max_tokens": 1000, "ignore_eos": True, "stream": True}
-    client = httpx.AsyncClient(timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"})
-    req = client.build_request("POST", f"http://{addr}/v1/completions", json=body)
-    response = await client.send(req, stream=True)
+    return await _until_streams(f"http://{addr}/v1/completions", body, api_key, timeout_s, chunks)
+
+
+async def _until_streams(
+    url: str, body: dict[str, Any], api_key: str | None, timeout_s: float, chunks: int
+) -> Any:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    client = httpx.AsyncClient(timeout=timeout_s, headers=headers)
+    response = await client.send(client.build_request("POST", url, json=body), stream=True)
     assert response.status_code == 200, await response.aread()
     lines = response.aiter_lines()
     seen = 0
     while seen < chunks:
         seen += (await asyncio.wait_for(anext(lines), timeout_s)).startswith("data: {")
     return client
+
+
+async def until_sglang_streams(
+    addr: str, api_key: str | None, timeout_s: float = 60.0, chunks: int = 1
+) -> Any:
+    """Return once a streamed ``/generate`` on the SGLang server at ``addr`` has sent ``chunks`` chunks: the
+    scheduler is then decoding, and requests sent before this one are in its batch. Returns the open
+    ``httpx.AsyncClient`` of the stream; the caller closes it (``aclose``) after its next step."""
+    body = {
+        "input_ids": [2, 7, 9], "stream": True,
+        "sampling_params": {"max_new_tokens": 900, "ignore_eos": True, "temperature": 1.0},
+    }  # fmt: skip
+    return await _until_streams(f"http://{addr}/generate", body, api_key, timeout_s, chunks)

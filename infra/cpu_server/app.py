@@ -7,7 +7,8 @@ SIGTERM/SIGINT (in-flight requests return their partial output with ``finish_rea
 
 Routes: ``/generate``, ``/pause_generation``, ``/continue_generation``, ``/abort_request``,
 ``/update_weights_from_disk``, ``/flush_cache``, ``/health``, ``/health_generate``, ``/get_model_info``,
-``/get_server_info`` (payloads in docs/inference.md).
+``/get_server_info``, ``/model_info``, ``/server_info``, ``/update_weight_version`` (payloads in
+docs/inference.md).
 
 ``/update_weights_from_disk`` also takes a LoRA adapter directory (peft's adapter_config.json +
 adapter_model.safetensors): it is checked against the base the server started from and merged into a
@@ -43,6 +44,7 @@ from rollflow.inference.refusal_log import OncePerClientFilter, RefusalLog
 from rollflow.inference.sglang_protocol import (
     CONTINUE_OK,
     FLUSH_OK_TEXT,
+    NOT_FLUSHED_MESSAGE,
     PAUSE_OK,
     PROTOCOL_VERSION,
     UpdateWeightFromDiskReqInput,
@@ -52,6 +54,7 @@ from rollflow.inference.sglang_protocol import (
     parse_abort,
     parse_generate_request,
     parse_pause_mode,
+    parse_weight_version_update,
     update_weights_message,
 )
 
@@ -128,6 +131,9 @@ class ServerState:
         self.update_lock = asyncio.Lock()
         self.shutting_down = False
         self.model_path = args.model_path  # the served checkpoint; follows successful updates (SGLang)
+        # The version /model_info reports: SGLang's tokenizer-side copy, which follows successful updates and
+        # /update_weight_version only (a swap refused for its flush leaves it behind the engine's).
+        self.reported_version = args.weight_version
         # The weights the server started from, which LoRA adapters merge into: the live tensors themselves
         # (a swap re-points parameters and never writes into them). Dropped once full weights are loaded.
         self.base_weights: dict[str, torch.Tensor] | None = {n: p.data for n, p in model.named_parameters()}
@@ -373,15 +379,27 @@ def build_app(state: ServerState) -> web.Application:
                     status=400,
                 )
             try:
-                kept = await asyncio.wrap_future(
+                swap = await asyncio.wrap_future(
                     engine.update_weights(
-                        tensors, weight_version=req.weight_version, abort_all_requests=req.abort_all_requests
-                    )
+                        tensors,
+                        weight_version=req.weight_version,
+                        abort_all_requests=req.abort_all_requests,
+                        flush_cache=req.flush_cache,
+                    )  # fmt: skip
                 )
             except Exception as e:
                 msg = f"Failed to update weights: {e}.\nRolling back to original weights."
                 return _reply({"success": False, "message": msg, "num_paused_requests": 0}, status=400)
             state.model_path = req.model_path
+            if not swap.flushed:  # SGLang 0.5.23: swapped, tagged, but a 400 and /model_info not updated
+                logger.warning(
+                    "weights from %s swapped, cache not flushed: requests still running", req.model_path
+                )
+                return _reply(
+                    {"success": False, "message": NOT_FLUSHED_MESSAGE, "num_paused_requests": 0}, status=400
+                )
+            if req.weight_version is not None:
+                state.reported_version = req.weight_version
             if not adapter:
                 state.base_weights = None  # the base is gone from memory: no adapter can merge into it
             logger.info("weights from %s served in %.3fs", req.model_path, time.perf_counter() - t0)
@@ -389,9 +407,17 @@ def build_app(state: ServerState) -> web.Application:
             {
                 "success": True,
                 "message": update_weights_message(req.weight_version),
-                "num_paused_requests": kept,
+                "num_paused_requests": swap.kept,
             }
         )
+
+    async def update_weight_version(request: web.Request) -> web.Response:
+        new, abort_all = parse_weight_version_update(await _json_body(request))
+        if abort_all:
+            await asyncio.wrap_future(engine.abort("", True))
+        await asyncio.wrap_future(engine.set_weight_version(new))
+        state.reported_version = new
+        return _reply({"success": True, "message": f"Weight version updated to {new}", "new_version": new})
 
     async def flush_cache(request: web.Request) -> web.Response:
         if await asyncio.wrap_future(engine.flush_cache()):
@@ -431,7 +457,7 @@ def build_app(state: ServerState) -> web.Application:
                 "tokenizer_path": state.args.model_path,
                 "is_generation": True,
                 "preferred_sampling_params": None,
-                "weight_version": engine.weight_version,
+                "weight_version": state.reported_version,
                 "load_format": "auto",
                 "reasoning_parser": None,
                 "tool_call_parser": None,
@@ -452,7 +478,7 @@ def build_app(state: ServerState) -> web.Application:
                 "host": a.host,
                 "port": a.port,
                 "load_format": "auto",
-                "weight_version": engine.weight_version,
+                "weight_version": state.reported_version,
                 "api_key": "<redacted>" if a.api_key else None,
                 "dtype": a.dtype,
                 "max_running_requests": a.max_batch_size,
@@ -477,6 +503,7 @@ def build_app(state: ServerState) -> web.Application:
         ("/continue_generation", continue_generation),
         ("/abort_request", abort_request),
         ("/update_weights_from_disk", update_weights_from_disk),
+        ("/update_weight_version", update_weight_version),
     ):
         app.router.add_post(path, fn)
     app.router.add_put("/generate", generate)

@@ -17,7 +17,9 @@ drain. Results are delivered through a callback (the HTTP layer wraps it into an
 
 Weight versions: a swap while requests are kept (pause modes retract / in_place) records
 ``(old_version, n_output_tokens)`` on each of them, and the reply's ``weight_versions`` spans are computed
-from these events exactly as SGLang does. Without a pause, an update waits until the running requests
+from these events exactly as SGLang does. A swap asked to flush the cache while requests are still
+running (an ``in_place`` pause) is applied anyway and reports ``flushed=False``, as SGLang's scheduler
+does (its HTTP layer then answers 400 although the new weights are live). Without a pause, an update waits until the running requests
 finish (SGLang's writer lock) and new requests wait behind it; with ``abort_all_requests`` it aborts them.
 
 What it is not: no HTTP (``app.py``), no weight file checks (``weights.py``), no tokenizer.
@@ -94,11 +96,18 @@ class Sequence:
         return self.prompt + self.output_ids
 
 
+@dataclass(frozen=True)
+class SwapResult:
+    kept: int  # requests kept across the swap (running or queued)
+    flushed: bool  # False: a flush was asked while requests were running, so the cache was kept
+
+
 @dataclass
 class _Pending:
     tensors: dict[str, torch.Tensor]
     weight_version: str | None
-    future: Future[int]
+    future: Future[SwapResult]
+    flush_cache: bool = True
 
 
 class Engine:
@@ -152,10 +161,16 @@ class Engine:
         self._deliver(seq, finish_abort("Server is shutting down"))
 
     def abort(self, rid: str = "", abort_all: bool = False) -> Future[int]:
-        """Abort requests whose rid starts with ``rid`` (SGLang's prefix match); returns how many."""
-        return self._command(
-            lambda: self._abort_where(lambda s: abort_all or (bool(rid) and s.rid.startswith(rid)))
-        )
+        """Abort as SGLang 0.5.23 does; returns how many. Its tokenizer manager passes an abort on only when
+        a request with exactly ``rid`` is in flight (else it is ignored), and its scheduler then aborts every
+        request whose rid starts with ``rid``."""
+
+        def cmd() -> int:
+            if not abort_all and not any(s.rid == rid for s in [*self._running, *self._waiting]):
+                return 0
+            return self._abort_where(lambda s: abort_all or (bool(rid) and s.rid.startswith(rid)))
+
+        return self._command(cmd)
 
     def pause(self, mode: PauseMode) -> Future[None]:
         return self._command(lambda: self._pause(mode))
@@ -164,17 +179,23 @@ class Engine:
         return self._command(self._resume)
 
     def update_weights(
-        self, tensors: dict[str, torch.Tensor], *, weight_version: str | None, abort_all_requests: bool
-    ) -> Future[int]:
-        """Swap in checked tensors; resolves to the number of requests kept across the swap."""
-        fut: Future[int] = Future()
+        self,
+        tensors: dict[str, torch.Tensor],
+        *,
+        weight_version: str | None,
+        abort_all_requests: bool,
+        flush_cache: bool = True,
+    ) -> Future[SwapResult]:
+        """Swap in checked tensors; resolves to the requests kept across the swap and whether the cache
+        was flushed (not while requests run: SGLang's rule)."""
+        fut: Future[SwapResult] = Future()
 
         def cmd() -> None:
             if abort_all_requests:
                 self._abort_where(lambda s: True)
             if self._pending is not None:
                 self._pending.future.set_exception(RuntimeError("superseded by a newer weight update"))
-            self._pending = _Pending(tensors, weight_version, fut)
+            self._pending = _Pending(tensors, weight_version, fut, flush_cache)
             self._maybe_apply_pending()
 
         def propagate(cf: Future[Any]) -> None:  # the command itself failed (e.g. shutting down)
@@ -183,6 +204,18 @@ class Engine:
 
         self._command(cmd).add_done_callback(propagate)
         return fut
+
+    def set_weight_version(self, version: str) -> Future[None]:
+        """SGLang's ``/update_weight_version``: the version new tokens are tagged with, weights unchanged."""
+
+        def cmd() -> None:
+            if version != self.weight_version:
+                for s in [*self._running, *self._waiting]:
+                    if s.output_ids:
+                        s.version_events.append((self.weight_version, len(s.output_ids)))
+                self.weight_version = version
+
+        return self._command(cmd)
 
     def flush_cache(self) -> Future[bool]:
         def cmd() -> bool:
@@ -476,7 +509,13 @@ class Engine:
         logger.info(
             "weights swapped in %.3fs, weight_version=%s", self._stats["last_swap_s"], self.weight_version
         )
-        p.future.set_result(len(kept))
+        flushed = True
+        if p.flush_cache:
+            if self._running:
+                flushed = False  # SGLang refuses a flush while requests run; the weights stay swapped
+            else:
+                self.cache.reset()
+        p.future.set_result(SwapResult(len(kept), flushed))
 
     def _deliver(self, seq: Sequence, finish: dict[str, Any]) -> None:
         n = len(seq.output_ids)

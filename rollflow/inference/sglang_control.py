@@ -75,8 +75,7 @@ class UpdateWeightFromDiskReqInput:
             out["weight_version"] = self.weight_version
         if self.load_format is not None:
             out["load_format"] = self.load_format
-        if not self.flush_cache:
-            out["flush_cache"] = False
+        out["flush_cache"] = self.flush_cache  # always explicit: its right value depends on the pause mode
         if self.keep_pause:
             out["keep_pause"] = True
         return out
@@ -111,6 +110,33 @@ def parse_abort(body: Any) -> tuple[str, bool]:
     if not isinstance(rid, str) or not isinstance(abort_all, bool):
         raise _bad("rid must be a string and abort_all true or false")
     return rid, abort_all
+
+
+# SGLang 0.5.23's reply when the weights were swapped but the cache could not be flushed (requests still
+# running or queued, as under an ``in_place`` pause): status 400, yet the new weights ARE live and the
+# scheduler tags new tokens with the new version; only ``/model_info`` keeps the old one.
+NOT_FLUSHED_MESSAGE = (
+    "Weights were updated, but the cache was not flushed because requests are still running or queued. "
+    "Retract or finish them, then call /flush_cache."
+)
+
+
+def update_was_applied(message: str) -> bool:
+    """True when a refused ``/update_weights_from_disk`` reply says the weights were swapped anyway."""
+    return message.startswith("Weights were updated, but the cache was not flushed")
+
+
+def parse_weight_version_update(body: Any) -> tuple[str, bool]:
+    """Body of ``/update_weight_version``: ``{"new_version": str, "abort_all_requests": bool = true}``."""
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object")
+    new = body.get("new_version")
+    abort_all = body.get("abort_all_requests", True)
+    if not isinstance(new, str) or not new:
+        raise _bad('new_version is required and must be a non-empty string ("7", not 7)')
+    if not isinstance(abort_all, bool):
+        raise _bad("abort_all_requests must be true or false")
+    return new, abort_all
 
 
 PAUSE_OK = {"message": "Generation paused successfully.", "status": "ok"}

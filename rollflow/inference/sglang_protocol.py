@@ -28,6 +28,7 @@ from rollflow.api.errors import InvalidRequestError
 from rollflow.inference.sglang_control import (
     CONTINUE_OK,
     FLUSH_OK_TEXT,
+    NOT_FLUSHED_MESSAGE,
     PAUSE_MODES,
     PAUSE_OK,
     PauseMode,
@@ -36,6 +37,8 @@ from rollflow.inference.sglang_control import (
     error_message,
     parse_abort,
     parse_pause_mode,
+    parse_weight_version_update,
+    update_was_applied,
     update_weights_message,
 )
 from rollflow.inference.sglang_sampling import (
@@ -53,6 +56,7 @@ __all__ = [
     "CONTINUE_OK",
     "DEFAULT_WEIGHT_VERSION",
     "FLUSH_OK_TEXT",
+    "NOT_FLUSHED_MESSAGE",
     "PAUSE_MODES",
     "PAUSE_OK",
     "PROTOCOL_VERSION",
@@ -63,6 +67,7 @@ __all__ = [
     "ROUTE_HEALTH",
     "ROUTE_HEALTH_GENERATE",
     "ROUTE_MODEL_INFO",
+    "ROUTE_UPDATE_WEIGHT_VERSION",
     "ROUTE_PAUSE",
     "ROUTE_SERVER_INFO",
     "ROUTE_UPDATE_WEIGHTS",
@@ -87,8 +92,10 @@ __all__ = [
     "parse_generate_request",
     "parse_generate_response",
     "parse_pause_mode",
+    "parse_weight_version_update",
     "parse_sampling_params",
     "token_versions_from_meta",
+    "update_was_applied",
     "update_weights_message",
 ]
 
@@ -104,8 +111,9 @@ ROUTE_UPDATE_WEIGHTS = "/update_weights_from_disk"
 ROUTE_FLUSH_CACHE = "/flush_cache"  # GET or POST
 ROUTE_HEALTH = "/health"  # GET
 ROUTE_HEALTH_GENERATE = "/health_generate"  # GET
-ROUTE_MODEL_INFO = "/get_model_info"  # GET
-ROUTE_SERVER_INFO = "/get_server_info"  # GET
+ROUTE_MODEL_INFO = "/model_info"  # GET (``/get_model_info`` is its deprecated alias in 0.5.23)
+ROUTE_SERVER_INFO = "/server_info"  # GET (``/get_server_info`` is its deprecated alias in 0.5.23)
+ROUTE_UPDATE_WEIGHT_VERSION = "/update_weight_version"
 
 _bad = InvalidRequestError
 

@@ -9,6 +9,12 @@ weight_version "0" with API key ``VLLM_KEY``; a test may load other weights, but
 ``a`` as "0" (``vllm_lib.serve``) and unpaused. At teardown it checks that the stop was quiet (no
 ``EngineDeadError`` and no traceback in the server's log after the stop began) and left no files
 (its scratch directory and ``vllm_dist_*``). The models have head size 32 (vLLM's CPU attention has no 16).
+
+``sglang_server`` is ONE real SGLang server (``infra.sglang_launcher``, from ``.venv-sglang``: ``make
+sglang-venv``; 30-40 s to start on 2 cores) on CPU for the whole session, serving ``vllm_models.a`` as
+"0" with API key ``SGLANG_KEY``, the flags chosen by the launcher from the config (device auto -> cpu).
+The same contract: a test may load other weights but leaves it serving ``a`` as "0" (``sglang_lib.serve``)
+and unpaused.
 """
 
 from __future__ import annotations
@@ -74,17 +80,73 @@ def vllm_server(vllm_models: SimpleNamespace, tmp_path_factory: pytest.TempPathF
         assert set(Path(tempfile.gettempdir()).glob("vllm_dist_*")) <= dist_before
 
 
-def _serve(group: Any, model_dir: Path, version: str) -> None:
+def _serve_with(engine: Any, key: str, group: Any, model_dir: Path, version: str) -> None:
     """Load ``model_dir`` into every server of ``group`` as ``version`` (pause, load, resume)."""
+    for a in group.addresses:
+        engine.pause(a, "abort", api_key=key, timeout_s=30)
+        try:
+            engine.load_weights(a, model_dir, version, api_key=key, timeout_s=120)
+        finally:
+            engine.resume(a, api_key=key, timeout_s=30)
+
+
+def _serve(group: Any, model_dir: Path, version: str) -> None:
     from rollflow.inference.vllm import VLLMEngine
 
-    eng = VLLMEngine()
-    for a in group.addresses:
-        eng.pause(a, "abort", api_key=VLLM_KEY, timeout_s=30)
-        try:
-            eng.load_weights(a, model_dir, version, api_key=VLLM_KEY, timeout_s=120)
-        finally:
-            eng.resume(a, api_key=VLLM_KEY, timeout_s=30)
+    _serve_with(VLLMEngine(), VLLM_KEY, group, model_dir, version)
+
+
+SGLANG_KEY = "test-sglang-key"
+
+
+def sglang_config(**overrides: Any) -> Any:
+    from rollflow.api.config import InferenceConfig, SGLangConfig
+
+    return InferenceConfig(
+        backend="sglang", n_servers=1, server_threads=2, api_key=SGLANG_KEY,
+        sglang=SGLangConfig(startup_timeout_s=300.0), **overrides,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def sglang_server(vllm_models: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from infra.sglang_launcher import launch_sglang_servers
+
+    log_dir = tmp_path_factory.mktemp("sglang-logs")
+    group = launch_sglang_servers(sglang_config(), vllm_models.a, dtype="float32", log_dir=log_dir)
+    try:
+        yield group
+    finally:
+        group.stop(timeout_s=30)
+        assert group.scratch_dir is not None and not group.scratch_dir.exists()
+
+
+@pytest.fixture(scope="module")
+def sglang_server_in_place(
+    vllm_models: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """A second server, launched for update_pause_mode in_place (so without SGLang's overlap scheduler)."""
+    from infra.sglang_launcher import launch_sglang_servers
+
+    log_dir = tmp_path_factory.mktemp("sglang-in-place-logs")
+    group = launch_sglang_servers(
+        sglang_config(update_pause_mode="in_place"), vllm_models.a, dtype="float32", log_dir=log_dir
+    )
+    try:
+        yield group
+    finally:
+        group.stop(timeout_s=30)
+
+
+def _serve_sglang(group: Any, model_dir: Path, version: str) -> None:
+    from rollflow.inference.sglang import SGLangEngine
+
+    _serve_with(SGLangEngine(), SGLANG_KEY, group, model_dir, version)
+
+
+@pytest.fixture(scope="session")
+def sglang_lib() -> SimpleNamespace:
+    return SimpleNamespace(serve=_serve_sglang, config=sglang_config, KEY=SGLANG_KEY)
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from server_waits import until_vllm_streams
+from teacher_forcing import kept_cache_logprobs as _kept_cache_logprobs
+from teacher_forcing import load_model as _model
+from teacher_forcing import trainer_logprobs as _trainer_logprobs
 
 from rollflow.api.errors import WeightUpdateError
 from rollflow.api.inference import GenerateRequest, GenerateResult, SamplingParams
@@ -60,34 +62,6 @@ def _greedy(group: Any, n: int = 12) -> list[int]:
             await client.aclose()
 
     return asyncio.run(go())
-
-
-def _model(model_dir: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@torch.no_grad()
-def _trainer_logprobs(model: Any, ids: list[int], n_prompt: int) -> list[float]:
-    """The trainer's recomputation: ``forward_logprobs`` over prompt + output, the output positions."""
-    from rollflow.training.logprobs import forward_logprobs
-
-    logp, _ = forward_logprobs(model, torch.tensor([ids]))  # [1, T]
-    return [float(x) for x in logp[0, n_prompt:]]
-
-
-@torch.no_grad()
-def _kept_cache_logprobs(old: Any, new: Any, ids: list[int], n_prompt: int, k: int) -> list[float]:
-    """in_place: positions before ``n_prompt + k - 1`` were cached under ``old`` (the k-th output token had
-    not been fed yet); the rest runs under ``new`` on that cache. Logprobs of output tokens k, k+1, ..."""
-    split = n_prompt + k - 1
-    cache = old(torch.tensor([ids[:split]]), use_cache=True).past_key_values
-    logits = new(torch.tensor([ids[split:]]), past_key_values=cache, use_cache=True).logits[
-        0
-    ]  # [T - split, V]
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return [float(logp[j, ids[split + j + 1]]) for j in range(len(ids) - split - 1)]
 
 
 def _store(tmp_path: Path) -> CheckpointStore:
@@ -169,7 +143,7 @@ def test_update_in_the_middle_of_generation(
         before = _trainer_logprobs(old, ids, n)[:k]
         after = {"recomputed": _trainer_logprobs(new, ids, n)[k:]}
         if pause_mode == "in_place" and k > 0:  # SGLang keeps the old KV; vLLM's CPU build recomputes it
-            after["old KV cache"] = _kept_cache_logprobs(old, new, ids, n, k)
+            after["old KV cache"] = _kept_cache_logprobs(old, new, ids, n + k - 1)
         worst = {
             how: max(abs(w - g) for w, g in zip(before + want, r.output_logprobs, strict=True))
             for how, want in after.items()

@@ -202,22 +202,24 @@ def test_stop_token_ids_end_generation_and_are_returned(addr: str) -> None:
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": greedy[stop_at]}
 
 
-def test_abort_request_matches_rid_prefix_and_returns_partial_output(addr: str) -> None:
+def test_abort_request_needs_an_exact_rid_then_matches_its_prefix(addr: str) -> None:
+    """SGLang 0.5.23 (seen on its real server): an rid that no request has exactly is ignored; an exact one
+    aborts every request whose rid starts with it, each returning its partial output."""
     results: dict[str, Any] = {}
 
     def run(rid: str, n: int) -> None:
         results[rid] = generate(addr, PROMPT, max_new_tokens=n, ignore_eos=True, rid=rid)
 
-    threads = [
-        threading.Thread(target=run, args=a) for a in (("job7-a", 900), ("job7-b", 900), ("other", 60))
-    ]
+    threads = [threading.Thread(target=run, args=a) for a in (("job7", 900), ("job7-b", 900), ("other", 60))]
     for t in threads:
         t.start()
     wait_running(addr, n=3, min_tokens=30)
+    assert call(addr, "/abort_request", {"rid": "job"}) == (200, None)  # no request is "job": ignored
+    wait_running(addr, n=3, min_tokens=40)  # all three still run
     assert call(addr, "/abort_request", {"rid": "job7"}) == (200, None)
     for t in threads:
         t.join(30)
-    for rid in ("job7-a", "job7-b"):
+    for rid in ("job7", "job7-b"):
         meta = results[rid]["meta_info"]
         assert meta["finish_reason"]["type"] == "abort" and meta["finish_reason"]["message"] == "Aborted"
         n = len(results[rid]["output_ids"])
@@ -355,9 +357,14 @@ def test_successful_update_swaps_weights_and_bumps_version(
         )
 
 
+@pytest.mark.parametrize("flush", [False, True])
 def test_update_during_in_place_pause_records_weight_version_spans(
-    addr: str, tiny_model_dir: Path, tiny_model_dir_b: Path
+    addr: str, tiny_model_dir: Path, tiny_model_dir_b: Path, flush: bool
 ) -> None:
+    """SGLang 0.5.23's rule, measured on its real server: after an ``in_place`` pause, an update that asks
+    to flush the cache (the default) is refused with 400 because requests still run, yet the weights ARE
+    swapped and new tokens carry the new version, while /model_info keeps the old one. With
+    ``flush_cache: false`` (what rollflow's SGLang engine sends after an in_place pause) it is a 200."""
     out: dict[str, Any] = {}
     t = threading.Thread(
         target=lambda: out.update(generate(addr, PROMPT, max_new_tokens=400, ignore_eos=True))
@@ -366,21 +373,43 @@ def test_update_during_in_place_pause_records_weight_version_spans(
     wait_running(addr, min_tokens=10)
     try:
         assert call(addr, "/pause_generation", {"mode": "in_place"})[0] == 200
-        status, body = call(
-            addr, "/update_weights_from_disk", {"model_path": str(tiny_model_dir_b), "weight_version": "1"}
-        )
-        assert status == 200 and body["num_paused_requests"] == 1
+        body_in = {"model_path": str(tiny_model_dir_b), "weight_version": "1", "flush_cache": flush}
+        status, body = call(addr, "/update_weights_from_disk", body_in)
+        if flush:
+            assert status == 400 and body["message"].startswith("Weights were updated, but the cache was not")
+            assert call(addr, "/model_info")[1]["weight_version"] == "0"  # SGLang's tokenizer-side copy
+        else:
+            assert status == 200 and body["num_paused_requests"] == 1
+            assert call(addr, "/model_info")[1]["weight_version"] == "1"
         assert call(addr, "/continue_generation", {})[0] == 200
         t.join(30)
     finally:
         call(addr, "/continue_generation", {})
+        t.join(30)
         call(addr, "/update_weights_from_disk", {"model_path": str(tiny_model_dir), "weight_version": "0"})
     spans = out["meta_info"]["weight_versions"]
-    assert [s["version"] for s in spans] == ["0", "1"]
+    assert [s["version"] for s in spans] == ["0", "1"]  # the swap happened either way
     assert (
         spans[0]["start"] == 0 and 0 < spans[0]["end"] == spans[1]["start"] < 400 and spans[1]["end"] == 400
     )
     assert out["meta_info"]["weight_version"] == "1"
+    assert call(addr, "/model_info")[1]["weight_version"] == "0"  # restored
+
+
+def test_update_weight_version_route(addr: str) -> None:
+    """SGLang's ``/update_weight_version``: the reported version changes, the weights do not."""
+    try:
+        status, body = call(addr, "/update_weight_version", {"new_version": "7", "abort_all_requests": False})
+        assert status == 200 and body == {
+            "success": True,
+            "message": "Weight version updated to 7",
+            "new_version": "7",
+        }
+        assert call(addr, "/model_info")[1]["weight_version"] == "7"
+        assert generate(addr, PROMPT, max_new_tokens=2)["meta_info"]["weight_version"] == "7"
+        assert call(addr, "/update_weight_version", {"new_version": 7})[0] == 400
+    finally:
+        call(addr, "/update_weight_version", {"new_version": "0", "abort_all_requests": False})
 
 
 BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [

@@ -1,23 +1,19 @@
-"""The SGLang launcher: the exact command it builds, and a real launch/health/stop cycle.
+"""The SGLang launcher: the exact command it builds from the config, the Python it picks, and a launch that
+fails with the server's own log tail (against SGLang's real server from ``.venv-sglang``).
 
-SGLang cannot be installed here, so the launch test puts a stand-in ``sglang/launch_server.py`` on
-PYTHONPATH that parses the same flags and runs rollflow's CPU server: the launcher, health wait, GPU
-placement flags and SIGTERM stop are exercised for real; only the server behind the flags differs.
+The launch, health wait, weight loads, restarts and stop against the real server are in
+tests/inference/test_sglang_engine.py (one session server).
 """
 
 from __future__ import annotations
 
-import json
 import sys
-import textwrap
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from infra.servers import redact_command
-from infra.sglang_launcher import launch_sglang_servers
+from infra.sglang_launcher import SGLANG_VENV_PYTHON, launch_sglang_servers, sglang_python
 from rollflow.api.config import InferenceConfig, SGLangConfig
 from rollflow.api.errors import ServerStartupError
 from rollflow.inference.sglang import sglang_command
@@ -26,7 +22,7 @@ from rollflow.inference.sglang import sglang_command
 def test_command_has_model_host_port_tp_and_nothing_unset() -> None:
     cmd = sglang_command("/models/qwen", port=30001, host="0.0.0.0")
     assert cmd == [
-        "python", "-m", "sglang.launch_server", "--model-path", "/models/qwen",
+        sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/qwen",
         "--host", "0.0.0.0", "--port", "30001", "--tp-size", "1",
     ]  # fmt: skip
 
@@ -49,67 +45,42 @@ def test_command_with_every_option() -> None:
     assert "k" not in redact_command(cmd)[redact_command(cmd).index("--api-key") + 1]
 
 
-FAKE_SGLANG = '''
-"""Test stand-in for sglang.launch_server: same flags, rollflow's CPU server behind them."""
-import argparse, json, os, sys
-p = argparse.ArgumentParser()
-for flag in ("--model-path", "--host", "--port", "--tp-size", "--api-key", "--weight-version", "--base-gpu-id",
-             "--mem-fraction-static", "--dtype"):
-    p.add_argument(flag)
-ns, extra = p.parse_known_args()
-with open(os.environ["FAKE_SGLANG_RECORD"], "a") as f:
-    f.write(json.dumps({"argv": sys.argv[1:], "extra": extra}) + "\\n")
-if os.environ.get("FAKE_SGLANG_FAIL"):
-    sys.exit("CUDA error: no device")
-args = ["--model-path", ns.model_path, "--host", ns.host, "--port", ns.port, "--weight-version", ns.weight_version]
-if ns.api_key:
-    args += ["--api-key", ns.api_key]
-sys.argv = ["infra.cpu_server", *args]
-import runpy
-runpy.run_module("infra.cpu_server", run_name="__main__")
-'''
+def test_cpu_command_takes_its_flags_from_the_config() -> None:
+    cmd = sglang_command("/m", port=1, sglang=SGLangConfig(device="cpu"), base_gpu_id=3, dtype="float32")
+    assert cmd[cmd.index("--tp-size") + 2 :] == [
+        "--device", "cpu", "--disable-cuda-graph", "--attention-backend", "torch_native",
+        "--mem-fraction-static", "0.2", "--max-total-tokens", "65536", "--dtype", "float32",
+    ]  # fmt: skip
+    sg = SGLangConfig(device="cpu", max_total_tokens=8192, attention_backend="sdpa", dtype="bfloat16")
+    cmd = sglang_command("/m", port=1, sglang=sg, dtype="float32")
+    assert (
+        cmd[cmd.index("--max-total-tokens") + 1] == "8192"
+        and cmd[cmd.index("--attention-backend") + 1] == "sdpa"
+    )
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"  # inference.sglang.dtype wins over the model's
 
 
-@pytest.fixture()
-def fake_sglang(tmp_path: Path) -> dict[str, str]:
-    pkg = tmp_path / "fake" / "sglang"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "launch_server.py").write_text(textwrap.dedent(FAKE_SGLANG))
-    return {"PYTHONPATH": str(tmp_path / "fake"), "FAKE_SGLANG_RECORD": str(tmp_path / "argv.jsonl")}
+def test_in_place_pause_turns_the_overlap_scheduler_off() -> None:
+    assert "--disable-overlap-schedule" in sglang_command("/m", port=1, pause_mode="in_place")
+    for mode in ("retract", "abort", None):
+        assert "--disable-overlap-schedule" not in sglang_command("/m", port=1, pause_mode=mode)
+
+
+def test_the_python_is_the_configured_one_else_one_with_sglang(tmp_path: Path) -> None:
+    assert (
+        sglang_python(InferenceConfig(sglang=SGLangConfig(python="/usr/bin/python3"))) == "/usr/bin/python3"
+    )
+    with pytest.raises(ServerStartupError, match="make sglang-venv"):
+        sglang_python(InferenceConfig(sglang=SGLangConfig(python=str(tmp_path / "nope/bin/python"))))
+    # the test venv has no sglang: the default is .venv-sglang's (make test builds it)
+    assert sglang_python(InferenceConfig()) == str(SGLANG_VENV_PYTHON)
 
 
 @pytest.mark.slow
-def test_launch_waits_for_health_and_stops_cleanly(
-    tiny_model_dir: Path, fake_sglang: dict[str, str], tmp_path: Path
-) -> None:
-    cfg = InferenceConfig(
-        backend="sglang",
-        n_servers=1,
-        api_key="pod-key",
-        sglang=SGLangConfig(python=sys.executable, tp_size=2, base_gpu_id=4, extra_args=["--enable-metrics"]),
-    )
-    group = launch_sglang_servers(cfg, tiny_model_dir, env=fake_sglang, log_dir=tmp_path / "logs")
-    try:
-        addr = group.addresses[0]
-        req = urllib.request.Request(
-            f"http://{addr}/get_model_info", headers={"Authorization": "Bearer pod-key"}
-        )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            assert json.loads(r.read())["weight_version"] == "0"  # cfg.initial_weight_version
-        record: dict[str, Any] = json.loads(
-            Path(fake_sglang["FAKE_SGLANG_RECORD"]).read_text().splitlines()[0]
-        )
-        argv = record["argv"]
-        assert argv[argv.index("--tp-size") + 1] == "2" and argv[argv.index("--base-gpu-id") + 1] == "4"
-        assert record["extra"] == ["--enable-metrics"]
-        assert "pod-key" not in group.servers[0].log_path.read_text()
-    finally:
-        group.stop(timeout_s=10)
-    assert group.returncodes() == [0]
-
-
-def test_launch_failure_reports_the_log_tail(tiny_model_dir: Path, fake_sglang: dict[str, str]) -> None:
-    cfg = InferenceConfig(backend="sglang", sglang=SGLangConfig(python=sys.executable, startup_timeout_s=60))
-    with pytest.raises(ServerStartupError, match="CUDA error: no device"):
-        launch_sglang_servers(cfg, tiny_model_dir, env={**fake_sglang, "FAKE_SGLANG_FAIL": "1"})
+def test_launch_failure_reports_the_log_tail(tmp_path: Path) -> None:
+    """The real server, given a directory that holds no model: a ServerStartupError ending in its log."""
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    cfg = InferenceConfig(backend="sglang", sglang=SGLangConfig(startup_timeout_s=120))
+    with pytest.raises(ServerStartupError, match="config.json"):
+        launch_sglang_servers(cfg, empty, log_dir=tmp_path / "logs")

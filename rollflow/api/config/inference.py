@@ -19,21 +19,76 @@ INFERENCE_WEIGHTS_ROOTS_ENV = "ROLLFLOW_WEIGHTS_ROOTS"  # directories a CPU serv
 
 @dataclass
 class SGLangConfig:
-    python: str = field(default="python", metadata=help_("Python executable that has sglang installed."))
+    python: str | None = field(
+        default=None,
+        metadata=help_(
+            "Python executable that has sglang installed. None: the running interpreter when it has sglang, "
+            "else .venv-sglang/bin/python (`make sglang-venv` builds SGLang's CPU server there); a relative "
+            "path is resolved against the repository root."
+        ),
+    )
     tp_size: int = field(default=1, metadata=help_("Tensor parallel size per server (--tp-size)."))
+    device: Literal["auto", "cuda", "cpu"] = field(
+        default="auto",
+        metadata=help_(
+            "--device. auto: cuda when the launching machine sees a CUDA GPU, else cpu. On cpu the launcher "
+            "adds what SGLang's plain-torch CPU path needs: --attention-backend torch_native, "
+            "--disable-cuda-graph, and the memory flags below (docs/inference.md, SGLang on CPU)."
+        ),
+    )
+    attention_backend: str | None = field(
+        default=None,
+        metadata=help_("--attention-backend; None: SGLang's choice on GPUs, torch_native on cpu."),
+    )
+    dtype: str | None = field(
+        default=None,
+        metadata=help_(
+            "--dtype; None: model.dtype (SGLang would otherwise serve a float32 model as float16 on cpu)."
+        ),
+    )
     mem_fraction_static: float | None = field(
-        default=None, metadata=help_("--mem-fraction-static; None keeps SGLang's default.")
+        default=None,
+        metadata=help_(
+            "--mem-fraction-static: the share of the device's memory for weights and KV cache. None: "
+            "SGLang's default on GPUs, 0.2 on cpu. Beside a trainer on the same GPU, size it with "
+            "`rollflow plan` (docs/gpu.md)."
+        ),
+    )
+    max_total_tokens: int | None = field(
+        default=None,
+        metadata=help_(
+            "--max-total-tokens (the KV pool). None: SGLang's sizing from mem_fraction_static on GPUs, "
+            "65536 on cpu (without it the pool takes 4.2 GB there)."
+        ),
     )
     extra_args: list[str] = field(
         default_factory=list, metadata=help_("Extra launch_server arguments, passed verbatim.")
     )
     startup_timeout_s: float = field(
-        default=600.0, metadata=help_("How long to wait for /health after launch.")
+        default=600.0,
+        metadata=help_("How long to wait for /health after launch or a supervisor restart (30-40 s on cpu)."),
     )
     base_gpu_id: int = field(
         default=0,
         metadata=help_("GPU of the first server; server i gets --base-gpu-id base_gpu_id + i * tp_size."),
     )
+
+    def __post_init__(self) -> None:
+        check(
+            self.python is None or self.python.strip() != "", "inference.sglang.python", "must name a Python"
+        )
+        check(self.tp_size >= 1, "inference.sglang.tp_size", "must be >= 1")
+        check(
+            self.mem_fraction_static is None or 0 < self.mem_fraction_static < 1,
+            "inference.sglang.mem_fraction_static",
+            "must be between 0 and 1 (the share of the device's memory)",
+        )
+        check(
+            self.max_total_tokens is None or self.max_total_tokens >= 256,
+            "inference.sglang.max_total_tokens",
+            "must be >= 256 tokens",
+        )
+        check(self.startup_timeout_s > 0, "inference.sglang.startup_timeout_s", "must be > 0")
 
 
 @dataclass
