@@ -13,8 +13,10 @@ One server rather than several is measured, not assumed: on the held-back task o
 servers made 1,151 trainer steps in 600 s against 2,456 with one (issue 24). Continuous batching is what
 makes a CPU server fast; two servers halve each one's batch and double the per-step overhead.
 With ``rollout.pause_during_training`` (the synchronous baseline) nothing runs beside generation, so
-``G = C``. For ``sglang`` and ``external`` servers ``auto`` is refused: their size is GPUs, which
-``rollflow plan`` sizes from measured rates (docs/scale.md).
+``G = C``. SGLang's real server on the CPU (``backend sglang`` with ``inference.sglang.device`` cpu, or
+auto on a machine without a CUDA GPU) is sized by the same rule. For SGLang on GPUs and ``external``
+servers ``auto`` is refused: their size is GPUs, which ``rollflow plan`` sizes from measured rates
+(docs/scale.md).
 
 What it is not: a scheduler. It does not move work at run time; it sets two numbers before the servers
 start. ``describe_layout`` says in one line what was chosen and why (the flow logs it).
@@ -50,16 +52,31 @@ def generation_cores(cfg: ExperimentConfig, cores: int) -> int:
     return max(1, cores - max(1, cfg.train.threads))
 
 
+def cpu_generation(cfg: ExperimentConfig) -> bool:
+    """True when generation runs on this machine's CPU cores: the CPU server, or SGLang on ``device`` cpu."""
+    inf = cfg.inference
+    if inf.backend == "local":
+        return True
+    if inf.backend != "sglang" or inf.sglang.device == "cuda":
+        return False
+    if inf.sglang.device == "cpu":
+        return True
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 def resolve_layout(cfg: ExperimentConfig, cores: int | None = None) -> ExperimentConfig:
     """``cfg`` with ``inference.n_servers`` and ``inference.server_threads`` resolved (see the module docstring)."""
     inf = cfg.inference
     if inf.n_servers != AUTO and inf.server_threads != AUTO:
         return cfg
-    if inf.backend != "local":
+    if not cpu_generation(cfg):
         field = "inference.n_servers" if inf.n_servers == AUTO else "inference.server_threads"
         raise ConfigError(
             field,
-            f"'auto' sizes rollflow's CPU server (backend local), not backend {inf.backend}; set a number "
+            f"'auto' sizes generation on CPU cores (backend local, or sglang on the CPU), not backend "
+            f"{inf.backend} on GPUs; set a number "
             "(for GPUs: `rollflow plan` recommends inference GPUs per trainer GPU from measured rates)",
         )
     c = usable_cores() if cores is None else cores
