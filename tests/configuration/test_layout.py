@@ -56,8 +56,11 @@ def test_the_tiny_configs_default_to_auto_and_load_as_numbers() -> None:
 
 
 def test_auto_is_refused_for_gpu_engines_and_bad_values_are_named() -> None:
-    with pytest.raises(ConfigError, match=r"inference.n_servers.*backend sglang.*rollflow plan"):
-        load_config("configs/gsm8k_qwen.yaml", ["inference.n_servers=auto"])
+    with pytest.raises(ConfigError, match=r"inference.n_servers.*backend sglang on GPUs.*rollflow plan"):
+        load_config("configs/gsm8k_qwen.yaml", ["inference.n_servers=auto", "inference.sglang.device=cuda"])
+    # SGLang on the CPU is sized like the CPU server: the cores the trainer leaves
+    cpu = load_config("configs/tiny_cpu.yaml", ["inference.backend=sglang", "inference.sglang.device=cpu"])
+    assert cpu.inference.n_servers == 1 and isinstance(cpu.inference.server_threads, int)
     with pytest.raises(ConfigError, match=r"inference.server_threads.*>= 1 or auto"):
         load_config("configs/tiny_cpu.yaml", ["inference.server_threads=0"])
     with pytest.raises(ConfigError, match=r"expected int \| 'auto'"):
