@@ -6,6 +6,11 @@ traceback that vLLM 0.32's ``AsyncLLM.output_handler`` logs is dropped. vLLM sto
 it cancels that task, so the task sees the engine die and logs the death as a failure in about 4 of 10
 stops (issue 25); before a shutdown began the same record is a real fault and is kept.
 
+``--gpu-ids 1,2`` (rollflow's own flag, removed before vLLM parses its arguments) sets
+``CUDA_VISIBLE_DEVICES`` before vLLM imports torch: vLLM has no ``--base-gpu-id``, so without it every
+server would land on ``cuda:0``, beside the trainer (the launcher passes ``inference.vllm.base_gpu_id +
+i * tp_size`` onward for server i).
+
 What it is not: a vLLM fork or a change to anything else it logs. It runs in vLLM's own venv, so it
 imports nothing of rollflow.
 """
@@ -13,7 +18,9 @@ imports nothing of rollflow.
 from __future__ import annotations
 
 import logging
+import os
 import runpy
+import sys
 
 
 class QuietStop(logging.Filter):
@@ -59,6 +66,16 @@ def install() -> QuietStop:
     return quiet
 
 
+def take_gpu_ids(argv: list[str]) -> list[str]:
+    """``argv`` without ``--gpu-ids X``; sets ``CUDA_VISIBLE_DEVICES=X`` when it was there."""
+    if "--gpu-ids" not in argv:
+        return argv
+    i = argv.index("--gpu-ids")
+    os.environ["CUDA_VISIBLE_DEVICES"] = argv[i + 1]
+    return argv[:i] + argv[i + 2 :]
+
+
 if __name__ == "__main__":
+    sys.argv = take_gpu_ids(sys.argv)
     install()
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)

@@ -19,10 +19,11 @@ import re
 import sys
 from importlib import metadata
 
-# What SGLang and its CUDA kernels are built against: none of these may move.
+# What SGLang and its CUDA kernels are built against: none of these may move. SGLang 0.5.23 depends on
+# ``sglang-kernel`` (its kernels' new name); ``sgl-kernel`` is kept for older base images that have it.
 WATCHED = (
     "torch", "torchvision", "torchaudio", "triton", "transformers", "tokenizers", "safetensors",
-    "huggingface-hub", "sglang", "sgl-kernel", "flashinfer-python", "xgrammar", "numpy",
+    "huggingface-hub", "sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python", "xgrammar", "numpy",
 )  # fmt: skip
 # rollflow's own floors on packages it does not install in the GPU image (pyproject.toml).
 FLOORS = {"transformers": 5}

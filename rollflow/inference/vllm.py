@@ -271,6 +271,13 @@ class VLLMEngine:
             cmd += ["--max-model-len", str(vc.max_model_len)]
         if vc.enforce_eager:
             cmd += ["--enforce-eager"]
+        if vc.tp_size > 1:
+            cmd += ["--tensor-parallel-size", str(vc.tp_size)]
+        if (
+            vc.base_gpu_id is not None
+        ):  # server i on its own GPUs (infra.vllm_server sets CUDA_VISIBLE_DEVICES)
+            first = vc.base_gpu_id + args.index * vc.tp_size
+            cmd += ["--gpu-ids", ",".join(str(g) for g in range(first, first + vc.tp_size))]
         env = {
             "VLLM_SERVER_DEV_MODE": "1",
             "VLLM_CPU_KVCACHE_SPACE": str(vc.cpu_kvcache_space_gib),

@@ -43,6 +43,34 @@ def test_vllm_launch_line_keeps_the_key_off_the_command_line() -> None:
     assert spec.env["OMP_NUM_THREADS"] == "2" and spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
 
 
+def test_vllm_servers_on_gpus_each_get_their_own() -> None:
+    """vLLM has no --base-gpu-id: server i gets CUDA_VISIBLE_DEVICES through infra.vllm_server --gpu-ids."""
+    cfg = InferenceConfig(backend="vllm", n_servers=2, vllm=VLLMConfig(base_gpu_id=1, tp_size=2))
+    cmds = [VLLMEngine().launch(LaunchArgs("/m", 1, cfg, i)).command for i in (0, 1)]
+    assert [c[c.index("--gpu-ids") + 1] for c in cmds] == ["1,2", "3,4"]
+    assert cmds[0][cmds[0].index("--tensor-parallel-size") + 1] == "2"
+    assert (
+        "--gpu-ids" not in VLLMEngine().launch(LaunchArgs("/m", 1, InferenceConfig(backend="vllm"))).command
+    )
+
+
+def test_vllm_server_wrapper_takes_its_gpu_ids_off_the_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.vllm_server import take_gpu_ids
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert take_gpu_ids(["x", "--model", "m", "--gpu-ids", "3,4", "--port", "1"]) == [
+        "x",
+        "--model",
+        "m",
+        "--port",
+        "1",
+    ]
+    import os
+
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,4"
+    assert take_gpu_ids(["x", "--model", "m"]) == ["x", "--model", "m"]
+
+
 def test_vllm_refuses_a_non_loopback_host_without_the_opt_in_and_a_key() -> None:
     eng = VLLMEngine()
     with pytest.raises(ConfigError, match="expose_control_endpoints"):

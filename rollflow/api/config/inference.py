@@ -122,6 +122,15 @@ class VLLMConfig:
             "network policy and set inference.api_key before turning this on."
         ),
     )
+    base_gpu_id: int | None = field(
+        default=None,
+        metadata=help_(
+            "GPUs: server i runs on GPUs base_gpu_id + i * tp_size onward (CUDA_VISIBLE_DEVICES; vLLM has no "
+            "--base-gpu-id). None: no placement (the CPU build; on GPUs every server would share cuda:0). "
+            "Beside an embedded trainer on GPU 0, set 1."
+        ),
+    )
+    tp_size: int = field(default=1, metadata=help_("--tensor-parallel-size: GPUs per server."))
     extra_args: list[str] = field(
         default_factory=list, metadata=help_("Extra api_server arguments, passed verbatim (last).")
     )
@@ -133,6 +142,8 @@ class VLLMConfig:
     def __post_init__(self) -> None:
         check(self.python.strip() != "", "inference.vllm.python", "must name a Python executable")
         check(self.cpu_kvcache_space_gib >= 1, "inference.vllm.cpu_kvcache_space_gib", "must be >= 1")
+        check(self.base_gpu_id is None or self.base_gpu_id >= 0, "inference.vllm.base_gpu_id", "must be >= 0")
+        check(self.tp_size >= 1, "inference.vllm.tp_size", "must be >= 1")
         check(self.startup_timeout_s > 0, "inference.vllm.startup_timeout_s", "must be > 0")
 
 
