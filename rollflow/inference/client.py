@@ -184,14 +184,18 @@ class EngineClient:
     async def agenerate_many(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         """``agenerate`` for each request, the first segments sent as one batched ``/generate``.
 
-        Results come back in the order of ``requests``. Requests whose sampling settings differ, or an
-        engine that does not batch (vLLM), send each request on its own; a single request is plain
-        ``agenerate``.
+        Results come back in the order of ``requests``. Requests whose sampling settings differ, different
+        prompts on an engine that batches only one prompt sampled ``n`` times (vLLM), or an engine that does
+        not batch, send each request on its own; a single request is plain ``agenerate``.
         """
         if (
             len(requests) <= 1
             or not self.engine.batches
             or any(r.sampling != requests[0].sampling for r in requests)
+            or (
+                self.engine.batches_one_prompt_only
+                and any(list(r.input_ids) != list(requests[0].input_ids) for r in requests)
+            )
         ):
             return list(await asyncio.gather(*(self.agenerate(r) for r in requests)))
         for r in requests:

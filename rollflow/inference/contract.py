@@ -75,6 +75,8 @@ class Engine(Protocol):
     name: EngineName
     pause_modes: tuple[str, ...]  # the ``inference.update_pause_mode`` values it can honour
     batches: bool  # one generate call can carry a group's prompts (``generate_call`` with n > 1)
+    # ... but only when they are one prompt sampled n times (vLLM's ``n``), not n different prompts
+    batches_one_prompt_only: bool
 
     def generate_call(
         self, tags: list[str], inputs: list[list[int]], sampling: SamplingParams, max_new_tokens: int

@@ -165,6 +165,7 @@ class SGLangEngine:
     name: EngineName = "sglang"
     pause_modes: tuple[str, ...] = PAUSE_MODES
     batches = True
+    batches_one_prompt_only = False
 
     def generate_call(
         self, tags: list[str], inputs: list[list[int]], sampling: SamplingParams, max_new_tokens: int
@@ -214,11 +215,7 @@ class SGLangEngine:
         that no prefix cached under the old weights is reused."""
         with self._lock:
             mode = self._paused_mode.get(address)
-        served = self._served_dir(address, api_key=api_key, timeout_s=timeout_s)
-        if served is not None:
-            check_loadable(path, served)
-        else:  # the served directory is not visible from here (another host, or pruned): the files' own integrity
-            tensor_index(Path(path))
+        self.check_before_load(address, path, api_key=api_key, timeout_s=timeout_s)
         body = UpdateWeightFromDiskReqInput(
             model_path=str(path), weight_version=version, flush_cache=mode != "in_place"
         ).to_json()
@@ -244,6 +241,19 @@ class SGLangEngine:
             raise WeightUpdateError(f"update refused: {msg}") from None
         if not (isinstance(reply, dict) and reply.get("success")):
             raise WeightUpdateError(f"update refused: {reply}")
+
+    def check_before_load(
+        self, address: str, path: str | Path, *, api_key: str | None, timeout_s: float
+    ) -> None:
+        """Refuse a directory SGLang would choke on: its headers against the served model's (or, when that
+        directory is not visible from here, the files' own integrity)."""
+        if (Path(path) / "adapter_config.json").is_file():
+            return  # a LoRA adapter: only rollflow's CPU server loads these through this route, and checks them
+        served = self._served_dir(address, api_key=api_key, timeout_s=timeout_s)
+        if served is not None:
+            check_loadable(path, served)
+        else:  # another host, or pruned from the cache
+            tensor_index(Path(path))
 
     def _served_dir(self, address: str, *, api_key: str | None, timeout_s: float) -> Path | None:
         """The served checkpoint's directory (``/model_info``'s ``model_path``) when it is one on this host."""
@@ -273,6 +283,12 @@ class LocalEngine(SGLangEngine):
     """rollflow's CPU server: SGLang's protocol, launched as ``python -m infra.cpu_server``."""
 
     name: EngineName = "local"
+
+    def check_before_load(
+        self, address: str, path: str | Path, *, api_key: str | None, timeout_s: float
+    ) -> None:
+        """Nothing here: the CPU server checks every directory itself before it swaps (full checkpoints
+        against the served model, LoRA adapters against their base: ``infra/cpu_server/weights.py``)."""
 
     def launch(self, args: LaunchArgs) -> LaunchSpec:
         cfg = args.cfg

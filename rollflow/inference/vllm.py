@@ -6,8 +6,9 @@ What it is, route by route (``VLLM_SERVER_DEV_MODE=1`` enables the control route
   ``{"request_id", "token_ids", "sampling_params": {..., "logprobs": 0}}``; the reply's
   ``choices[0]`` carries ``token_ids``, ``logprobs.content[i].logprob`` (of the sampled token, after
   temperature: the server runs with ``--logprobs-mode processed_logprobs``), ``finish_reason``
-  (``stop`` / ``length`` / ``abort``) and ``weight_versions`` spans. One prompt per call (``batches`` is
-  False); an aborted request returns HTTP 200 with its partial output.
+  (``stop`` / ``length`` / ``abort``) and ``weight_versions`` spans. One prompt per call; a group (one
+  prompt sampled n times) is ONE call with ``sampling_params.n`` and comes back as ``n`` choices
+  (``batches_one_prompt_only``); an aborted request returns HTTP 200 with its partial output.
 - pause: ``POST /pause?mode=`` with rollflow's modes mapped to vLLM's: ``abort`` -> ``abort`` (in-flight
   requests return their partial output, the KV and prefix caches are cleared); ``retract`` -> ``keep``,
   and after the load ``POST /reset_prefix_cache?reset_running_requests=true``, which preempts the kept
@@ -84,7 +85,8 @@ class VLLMEngine:
 
     name: EngineName = "vllm"
     pause_modes: tuple[str, ...] = tuple(PAUSE_MODE_MAP)
-    batches = False
+    batches = True  # a group (one prompt, n samples) is one request with sampling_params.n
+    batches_one_prompt_only = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -97,8 +99,10 @@ class VLLMEngine:
     def generate_call(
         self, tags: list[str], inputs: list[list[int]], sampling: SamplingParams, max_new_tokens: int
     ) -> HttpCall:
-        if len(inputs) != 1:
-            raise InvalidRequestError("vLLM's /inference/v1/generate takes one prompt per call")
+        if any(list(x) != list(inputs[0]) for x in inputs):
+            raise InvalidRequestError(
+                "vLLM's /inference/v1/generate takes one prompt per call (n samples of it)"
+            )
         sp = sampling
         params: dict[str, Any] = {
             "max_tokens": max_new_tokens,
@@ -109,6 +113,8 @@ class VLLMEngine:
             "skip_special_tokens": sp.skip_special_tokens,
             "logprobs": 0,  # the sampled token's logprob only
         }
+        if len(inputs) > 1:
+            params["n"] = len(inputs)  # one request; vLLM aborts its n samples together under tags[0]
         if sp.top_k > 0:
             params["top_k"] = sp.top_k
         if sp.stop_token_ids:
@@ -122,7 +128,14 @@ class VLLMEngine:
     def parse_generate(self, body: Any, n: int) -> list[GenerateOutput]:
         if not isinstance(body, dict) or not body.get("choices"):
             raise InvalidRequestError(f"not a /inference/v1/generate reply: {str(body)[:200]}")
-        choice = body["choices"][0]
+        choices = sorted(body["choices"], key=lambda c: int(c.get("index") or 0))
+        if len(choices) != n:
+            raise InvalidRequestError(f"a request for {n} samples got {len(choices)} choices back")
+        usage = body.get("usage") or {}
+        return [self._parse_choice(body, c, int(usage.get("prompt_tokens") or 0)) for c in choices]
+
+    @staticmethod
+    def _parse_choice(body: dict[str, Any], choice: dict[str, Any], prompt_tokens: int) -> GenerateOutput:
         ids = [int(t) for t in choice.get("token_ids") or []]
         content = (choice.get("logprobs") or {}).get("content") or []
         if len(content) != len(ids):
@@ -134,23 +147,20 @@ class VLLMEngine:
         reason: dict[str, Any] = {"type": finish}
         if finish == "stop" and choice.get("stop_reason") is not None:
             reason["matched"] = choice["stop_reason"]
-        usage = body.get("usage") or {}
-        return [
-            GenerateOutput(
-                rid=str(body.get("request_id", "")),
-                text="",
-                output_ids=ids,
-                finish_reason=reason,
-                prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                completion_tokens=len(ids),
-                weight_version=last,
-                output_token_logprobs=lps,
-                token_versions=token_versions_from_meta(
-                    {"weight_version": last, "weight_versions": spans}, len(ids)
-                ),
-                raw=body,
-            )
-        ]
+        return GenerateOutput(
+            rid=str(body.get("request_id", "")),
+            text="",
+            output_ids=ids,
+            finish_reason=reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(ids),
+            weight_version=last,
+            output_token_logprobs=lps,
+            token_versions=token_versions_from_meta(
+                {"weight_version": last, "weight_versions": spans}, len(ids)
+            ),
+            raw=body,
+        )
 
     def abort_call(self, tags: list[str]) -> HttpCall:
         return HttpCall(ROUTE_ABORT, {"request_ids": list(tags)})

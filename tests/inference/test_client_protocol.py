@@ -82,7 +82,12 @@ def test_client_payload_and_reply_parsing() -> None:
 
 def test_update_request_round_trip_and_version_strings() -> None:
     req = UpdateWeightFromDiskReqInput.from_json({"model_path": "/c/v000003", "weight_version": "3"})
-    assert req.to_json() == {"model_path": "/c/v000003", "abort_all_requests": False, "weight_version": "3"}
+    assert req.to_json() == {
+        "model_path": "/c/v000003",
+        "abort_all_requests": False,
+        "weight_version": "3",
+        "flush_cache": True,
+    }  # fmt: skip (flush_cache always explicit: its right value depends on the pause mode)
     assert req.flush_cache and not req.abort_all_requests and req.load_format is None
 
 

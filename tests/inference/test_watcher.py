@@ -252,9 +252,10 @@ def test_server_refusing_the_weights_is_an_error_and_keeps_serving(
     w = CheckpointWatcher(store, server.addresses, cache_dir=cache_dir)
     w.serving_version = 3
     assert w.poll_once() is None
-    assert (
-        "update refused" in w.errors[-1].message and "does not match the served model" in w.errors[-1].message
-    )
+    # SGLang's engine (the watcher's default) compares the checkpoint's headers with the served model's before
+    # the server sees it (a shape mismatch crashes SGLang's real server); the CPU server's own refusal of the
+    # same directory is tested in tests/infra/test_cpu_server.py
+    assert "has shape [48, 128], the served model's has [48, 64]" in w.errors[-1].message
     assert served_version(addr) == "3" and greedy_tokens(addr) == before  # continued after the refusal
     assert 4 not in store.acks().values()
 
