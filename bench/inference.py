@@ -41,15 +41,17 @@ Figures:
   generation for the 2 cores).
 
 Engines side by side (``bench_engines``; ``--engines`` runs only this part): for each engine that runs
-here, ``local`` (rollflow's CPU server) and ``vllm`` (vLLM's CPU build from ``.venv-vllm``), one server
-at a time, alternating local, vllm, local, vllm, ... ``--engine-reps`` times (3 by default), each time a
-fresh server on the "bench-engine" model (hidden 128, 4 layers, 4 heads of 32 (2 KV), MLP 344, vocab 512,
-fp32, 0.9M parameters; vLLM's CPU attention has no head size 16), both with 2 torch threads. Keys are
-prefixed by the engine (``local_``, ``vllm_``), with the median over the repetitions and, as
+here, ``local`` (rollflow's CPU server), ``vllm`` (vLLM's CPU build from ``.venv-vllm``) and ``sglang``
+(SGLang's real server from ``.venv-sglang``, on its plain-torch CPU path), one server at a time,
+alternating local, vllm, sglang, local, ... ``--engine-reps`` times (3 by default), each time a fresh
+server on the "bench-engine" model (hidden 128, 4 layers, 4 heads of 32 (2 KV), MLP 344, vocab 512, fp32,
+0.9M parameters; vLLM's CPU attention has no head size 16), each with 2 torch threads. Keys are prefixed
+by the engine (``local_``, ``vllm_``, ``sglang_``), with the median over the repetitions and, as
 ``*_min`` / ``*_max``, the spread:
 
 - completions_per_s_c16 / _c128: 64 prompts (16 tokens) x n = 8, 8 new tokens, T = 1, per-token logprobs,
-  through ``EngineClient`` with at most 16 / 128 completions in flight (groups of 8 sent whole);
+  through ``EngineClient`` with at most 16 / 128 completions in flight (groups of 8 sent whole: one
+  batched ``/generate`` for SGLang and the CPU server, one request with ``n = 8`` for vLLM);
 - server_start_s: launch -> first completion; server_rss_mb: resident memory of the server's processes
   (all of its process group: vLLM runs 3-4), after the throughput runs;
 - weight_update_s: ``CheckpointStore.publish`` -> every server serves it (the watcher in this process,
@@ -394,12 +396,17 @@ async def _engine_batch(client: Any, concurrency: int, seed: int) -> float:
 
 
 def _launch(engine: str, model_dir: Path) -> Any:
-    from rollflow.api.config import InferenceConfig, VLLMConfig
+    from rollflow.api.config import InferenceConfig, SGLangConfig, VLLMConfig
 
     cfg = InferenceConfig(
         backend=engine, n_servers=1, server_threads=THREADS, max_batch_size=128,  # type: ignore[arg-type]
         vllm=VLLMConfig(dtype="float32", max_model_len=256, enforce_eager=True),
+        sglang=SGLangConfig(device="cpu", startup_timeout_s=300.0),
     )  # fmt: skip
+    if engine == "sglang":
+        from infra.sglang_launcher import launch_sglang_servers
+
+        return cfg, launch_sglang_servers(cfg, model_dir, dtype="float32")
     if engine == "vllm":
         from infra.vllm_launcher import launch_vllm_servers
 
@@ -509,30 +516,35 @@ def bench_engines(
 
 
 def default_engines() -> tuple[str, ...]:
-    """``local``, and ``vllm`` too when its venv is there; else say how to add it (``make bench`` after
-    ``make install`` has no ``.venv-vllm``)."""
+    """``local``, and ``vllm`` / ``sglang`` too when their venvs are there; else say how to add them (``make
+    bench`` after ``make install`` has neither ``.venv-vllm`` nor ``.venv-sglang``)."""
+    from infra.sglang_launcher import sglang_python
     from infra.vllm_launcher import vllm_python
     from rollflow.api.config import InferenceConfig
     from rollflow.api.errors import ServerStartupError
 
-    try:
-        vllm_python(InferenceConfig())
-    except ServerStartupError as exc:
-        print(f"engines: local only; {exc}; then `--engine local --engine vllm` races both", file=sys.stderr)
-        return ("local",)
-    return ("local", "vllm")
+    engines = ["local"]
+    for name, find in (("vllm", vllm_python), ("sglang", sglang_python)):
+        try:
+            find(InferenceConfig())
+            engines.append(name)
+        except ServerStartupError as exc:
+            print(f"engines: no {name}; {exc}", file=sys.stderr)
+    return tuple(engines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="Inference benchmarks (see module docstring).")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
-    ap.add_argument("--engines", action="store_true", help="only the engines side by side (local_*, vllm_*)")
+    ap.add_argument(
+        "--engines", action="store_true", help="only the engines side by side (local_*, vllm_*, sglang_*)"
+    )
     ap.add_argument("--engine-reps", type=int, default=3, help="repetitions of the engine comparison")
     ap.add_argument(
         "--engine",
         action="append",
-        choices=["local", "vllm"],
-        help="engines to compare (default: local, and vllm when .venv-vllm is there)",
+        choices=["local", "vllm", "sglang"],
+        help="engines to compare (default: local, and vllm / sglang when .venv-vllm / .venv-sglang are there)",
     )
     args = ap.parse_args()
     reps = 2 if args.quick else 5

@@ -29,11 +29,11 @@ from infra.servers import ServerGroup, free_port, start_servers
 from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import ServerStartupError
 from rollflow.inference.sglang import sglang_command
-from rollflow.inference.vllm import REPO_ROOT, resolve_python
+from rollflow.inference.vllm import resolve_python
 
 logger = logging.getLogger(__name__)
 
-SGLANG_VENV_PYTHON = REPO_ROOT / ".venv-sglang" / "bin" / "python"
+SGLANG_VENV_PYTHON = ".venv-sglang/bin/python"  # `make sglang-venv`, relative to the repository root
 
 
 def sglang_python(cfg: InferenceConfig) -> str:
@@ -52,8 +52,9 @@ def sglang_python(cfg: InferenceConfig) -> str:
         return str(py)
     if importlib.util.find_spec("sglang") is not None:
         return sys.executable
-    if SGLANG_VENV_PYTHON.exists():
-        return str(SGLANG_VENV_PYTHON)
+    venv = resolve_python(SGLANG_VENV_PYTHON)
+    if venv.exists():
+        return str(venv)
     raise ServerStartupError(
         "inference.backend is sglang, but this Python has no sglang and .venv-sglang does not exist: run "
         "`make sglang-venv` (SGLang's CPU server, about 3 minutes and 3.3 GB), install sglang here (GPU "

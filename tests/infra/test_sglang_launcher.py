@@ -73,7 +73,9 @@ def test_the_python_is_the_configured_one_else_one_with_sglang(tmp_path: Path) -
     with pytest.raises(ServerStartupError, match="make sglang-venv"):
         sglang_python(InferenceConfig(sglang=SGLangConfig(python=str(tmp_path / "nope/bin/python"))))
     # the test venv has no sglang: the default is .venv-sglang's (make test builds it)
-    assert sglang_python(InferenceConfig()) == str(SGLANG_VENV_PYTHON)
+    from rollflow.inference.vllm import resolve_python
+
+    assert sglang_python(InferenceConfig()) == str(resolve_python(SGLANG_VENV_PYTHON))
 
 
 @pytest.mark.slow
