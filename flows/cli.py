@@ -213,7 +213,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.train_seqs_per_s is not None:
         rates = (args.train_seqs_per_s, args.gen_seqs_per_s)
     try:  # a one-machine (embedded) config needs no image; the GPU pools do
-        plan = gpu_plan(args.config, args.overrides, image=image, rates=rates)
+        plan = gpu_plan(args.config, args.overrides, image=image, rates=rates, gpu_gb=args.gpu_memory_gb)
     except MissingImageError:
         raise CommandError(
             "no container image: the GPU pools run the image built from infra/docker/Dockerfile.gpu; "
@@ -400,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--gen-seqs-per-s", type=float, default=None, help="measured: sequences/s one inference server makes"
+    )
+    plan.add_argument(
+        "--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU, to check that the trainer fits"
     )
     plan.add_argument("overrides", nargs="*")
     return p

@@ -180,8 +180,12 @@ def gpu_plan(
     image: str | None = None,
     *,
     rates: tuple[float, float] | None = None,
+    gpu_gb: float = 80.0,
 ) -> dict[str, Any]:
     """Everything the GPU deployments would run, resolved and checked, for a human or a test.
+
+    ``gpu_gb``: the memory of one GPU; the summary's ``memory`` line says whether the trainer fits in it
+    (beside SGLang where they share a GPU), estimated by ``rollflow.configuration.gpu_memory``.
 
     ``overrides`` go on top of ``DEPLOYMENT_OVERRIDES``, unless the config file sets
     ``orchestration.mode`` itself (``configs/qwen_1node.yaml`` says ``embedded``: one machine, no pools,
@@ -204,7 +208,7 @@ def gpu_plan(
     )
     endpoint = None if cfg.train.nnodes == 1 or _has_endpoint(cfg) else f"${RDZV_ENV}"
     return {
-        "summary": plan_summary(cfg, config, shown_image, split=split_advice(cfg, rates)),
+        "summary": plan_summary(cfg, config, shown_image, split=split_advice(cfg, rates), gpu_gb=gpu_gb),
         "config": to_yaml(cfg),
         "sglang_commands": sglang_commands(cfg),
         "engine_commands": engine_commands(cfg),
@@ -265,8 +269,11 @@ def train_line(cfg: ExperimentConfig) -> str:
     return f"{line} = {train.nnodes * train.nproc_per_node} GPU(s), {train.steps} steps"
 
 
-def plan_summary(cfg: ExperimentConfig, config: str | None, image: str, *, split: str = "") -> str:
+def plan_summary(
+    cfg: ExperimentConfig, config: str | None, image: str, *, split: str = "", gpu_gb: float = 80.0
+) -> str:
     """A dozen lines on what runs where, on how many GPUs; the plan's details follow it."""
+    from rollflow.configuration.gpu_memory import memory_verdict
     from rollflow.configuration.redact import redact_url
 
     inf, orch = cfg.inference, cfg.orchestration
@@ -299,6 +306,7 @@ def plan_summary(cfg: ExperimentConfig, config: str | None, image: str, *, split
             ),
         ]
     lines += [
+        f"  memory:  {memory_verdict(cfg, gpu_gb)}",
         f"  image:   {image}",
         f"  storage: {redact_url(cfg.storage.root)}/{cfg.experiment}/<trial> (shared by every run)",
         f"  mlflow:  {redact_url(cfg.tracking.mlflow_tracking_uri or '$MLFLOW_TRACKING_URI')}",
