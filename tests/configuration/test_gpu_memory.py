@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from rollflow.configuration.gpu_memory import (
     KNOWN_SHAPES,
     max_fitting_tokens,
