@@ -16,7 +16,8 @@ What it is: the ``Engine`` contract over SGLang 0.5.23's native HTTP API (``sgla
   directory's headers with the served model's: SGLang 0.5.23 copies tensor by tensor into the live
   model, and a tensor of another shape crashes its scheduler (its rollback raises again) and the whole
   server with it. The CPU server verifies the directory itself as well;
-- version: ``/model_info``'s ``weight_version``; abort: ``/abort_request`` (prefix match on rid);
+- version: ``/model_info``'s ``weight_version``; abort: ``/abort_request`` with an exact rid (SGLang ignores a
+  rid no request has exactly, then aborts every rid that starts with it);
 - launch: ``python -m sglang.launch_server ...`` (``sglang_command``: server i on GPUs
   ``base_gpu_id + i * tp_size``; on ``device cpu`` the flags of SGLang's plain-torch CPU path) or
   ``python -m infra.cpu_server ...`` (``cpu_server_command``).

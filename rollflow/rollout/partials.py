@@ -109,7 +109,7 @@ class PartialKeepingClient:
             k: _Episode(saved=list(v)) for k, v in (saved or {}).items()
         }
         self._inflight: dict[str, Hashable] = {}  # rid -> episode key
-        self._prefix = f"pk{uuid.uuid4().hex[:8]}-"  # every rid sent: one abort (prefix match) cuts them all
+        self._prefix = f"pk{uuid.uuid4().hex[:8]}-"  # every rid sent (names this client's requests in logs)
         self._stopping = False
         self._drained: asyncio.Event | None = None
         self.counters = {"tokens_reused": 0, "samples_reused": 0, "samples_continued": 0}
@@ -224,7 +224,8 @@ class PartialKeepingClient:
         stop_resuming()
         self._drained = asyncio.Event()
         if self._inflight:
-            await abort([self._prefix])
+            # each rid exactly: SGLang ignores an abort whose rid no request has exactly (a prefix cuts nothing)
+            await abort(list(self._inflight))
             try:
                 await asyncio.wait_for(self._drained.wait(), timeout=drain_s)
             except TimeoutError:
