@@ -39,6 +39,7 @@ from flows.run_name import async_rl_run_name, planned_trial
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.parameter_secrets import refuse_secret_overrides_for_other_processes
 from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.data.preload import preload_libraries
 from rollflow.trial_record import pinned_overrides, resume_tags, settle_config
 from rollflow.trials import choose_trial, named_in_overrides
 from tasks.bootstrap import bootstrap_model
@@ -95,6 +96,7 @@ def _run_embedded(cfg: ExperimentConfig, tracker: MlflowTracker | None, logger: 
     progress = RunProgress(sink, cfg.train.steps, say=logger.info)
     try:
         before = evaluate_policy(cfg, servers.addresses, label="before", min_version=0, metrics=progress)
+        preload_libraries()  # before the loops' threads import them concurrently (rollflow/data/preload.py)
         reporter.start()
         train_f = train_loop.submit(
             cfg, metrics=progress, stop_event=stop, pause_addresses=servers.addresses, timeline=timeline,
