@@ -190,6 +190,29 @@ def resume_config(
     return ResumedConfig(cfg, changes, ignored)
 
 
+def refuse_changes_to_a_finished_trial(
+    storage: Storage, cfg: ExperimentConfig, overrides: Sequence[str]
+) -> None:
+    """A resume of a finished trial only reports it: an override that would change its record (a longer
+    ``train.steps`` above all) raises ``ResumeOverrideError`` instead of being dropped in silence."""
+    from storage.checkpoints import CheckpointStore
+
+    record = read_config_record(storage)
+    if record is None or not resume_overrides(overrides):
+        return
+    trained = CheckpointStore(storage).latest_version() or 0
+    resumed = resume_config(record, cfg, overrides, trained_version=trained)
+    if resumed.overrides:
+        key = resumed.overrides[0].split("=", 1)[0].strip()
+        raise ResumeOverrideError(
+            key,
+            f"trial {cfg.trial} is finished (trained to v{trained} and finalized); a resume only reports it. "
+            f"To train it further, start a new trial from its last checkpoint: `rollflow run --config <yours> "
+            f"model.path={storage.root_uri}/checkpoints/v{trained:06d} {' '.join(resumed.overrides)}` (or, "
+            "from the registered policy, retrain_from_registry)",
+        )
+
+
 def settle_config(
     storage: Storage,
     cfg: ExperimentConfig,

@@ -80,6 +80,17 @@ def test_a_resume_keeps_the_trials_settings_and_the_before_score(
     assert tags["rollflow.resume.overrides"] == "train.steps=5"
     assert storage.get_json("record/config.json")["config"]["train"]["steps"] == 5
 
+    # a finished trial: a resume only reports it, and an override that would change it is refused, not dropped
+    with pytest.raises(
+        ResumeOverrideError, match="is finished .* start a new trial from its last checkpoint"
+    ):
+        async_rl(
+            config="configs/tiny_cpu.yaml", overrides=[*where, "train.steps=7"], trial="rec", resume=True
+        )
+    assert storage.get_json("record/config.json")["config"]["train"]["steps"] == 5
+    reported = async_rl(config="configs/tiny_cpu.yaml", overrides=where, trial="rec", resume=True)
+    assert reported["already_finished"] and reported["final_version"] == 5
+
     # scoring the latest checkpoint records it under its own version, on the trial's own evaluation set
     # (its recorded 40 prompts, not the YAML's); the 'before' score stays
     scored = evaluate(config="configs/tiny_cpu.yaml", overrides=[*where, "trial=rec"])
