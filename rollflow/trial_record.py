@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.errors import ConfigError
+from rollflow.api.errors import ConfigError, CorruptRecordError
 from rollflow.configuration.loader import flatten, load_config, parse_override, redacted_dict, to_dict
 from rollflow.configuration.redact import REDACTED
 from rollflow.eval_scores import BaseSplit
@@ -290,11 +290,30 @@ def eval_record(storage: Storage, version: int) -> dict[str, Any] | None:
 
 
 def read_base_split(storage: Storage) -> BaseSplit | None:
-    """The trial's base split, or None before its 'before' evaluation."""
+    """The trial's base split, or None before its 'before' evaluation.
+
+    Raises:
+        CorruptRecordError: the file exists but is not a base split. It is left as it is: a new split
+            written over it would move the split the trial's retention figures were measured on.
+    """
     try:
-        return BaseSplit.from_json(storage.get_json(BASE_SPLIT_KEY))
-    except (FileNotFoundError, KeyError, TypeError, ValueError):
+        raw = storage.get_json(BASE_SPLIT_KEY)
+    except FileNotFoundError:
         return None
+    except ValueError as e:  # not JSON
+        raise _corrupt(storage, e) from None
+    try:
+        return BaseSplit.from_json(raw)
+    except (KeyError, TypeError, ValueError) as e:
+        raise _corrupt(storage, e) from None
+
+
+def _corrupt(storage: Storage, e: BaseException) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"{storage.root_uri}/{BASE_SPLIT_KEY} cannot be read ({type(e).__name__}: {e}); it was left untouched. "
+        "Restore it from a backup or your bucket's versioning; deleting it lets the next evaluation decide a "
+        "new split, and the retention figures before and after would then not compare"
+    )
 
 
 def write_base_split(storage: Storage, split: BaseSplit) -> BaseSplit:
