@@ -225,7 +225,9 @@ def run_async_rl(
             refuse_changes_to_a_finished_trial(open_trial_storage(cfg), cfg, overrides)
             return _report_finished(cfg, plan.done or {}, logger)
         if plan.state == "trained":  # stopped between training and finalization: finish that, once
-            return finalize_trained(cfg, plan.done or {}, logger)
+            return finalize_trained(
+                cfg, plan.done or {}, logger, tags=resume_tags(resumed) if resumed else None
+            )
         if auto_resume_of:
             charge_auto_resume(cfg, auto_resume_of, logger)
         source_version = None

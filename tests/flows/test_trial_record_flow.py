@@ -80,6 +80,16 @@ def test_a_resume_keeps_the_trials_settings_and_the_before_score(
     assert tags["rollflow.resume.overrides"] == "train.steps=5"
     assert storage.get_json("record/config.json")["config"]["train"]["steps"] == 5
 
+    # stopped between training and finalization: the resume that only finalizes records its overrides too
+    storage.delete("FINALIZED.json")
+    fin = async_rl(
+        config="configs/tiny_cpu.yaml", overrides=[*where, "rollout.max_concurrent_rollouts=16"], trial="rec",
+        resume=True,
+    )  # fmt: skip
+    assert fin["final_version"] == 5
+    tags = client.get_run(fin["mlflow_run_id"]).data.tags
+    assert tags["rollflow.resume.overrides"] == "train.steps=5 rollout.max_concurrent_rollouts=16"
+
     # a finished trial: a resume only reports it, and an override that would change it is refused, not dropped
     with pytest.raises(
         ResumeOverrideError, match="is finished .* start a new trial from its last checkpoint"
