@@ -108,3 +108,11 @@ def test_a_resume_keeps_the_trials_settings_and_the_before_score(
     assert storage.get_json("eval/v000005.json")["label"] == "v5"
     assert storage.get_json("eval/v000005.json")["eval_set"] == before["eval_set"]
     assert storage.get_json("eval/v000000.json") == before
+
+    # v0's checkpoint collected by retention: v0 is the model.path the trial recorded, and scores as such
+    import shutil
+
+    shutil.rmtree(tmp_path / "storage" / "tiny-arith" / "rec" / "checkpoints" / "v000000")
+    v0 = evaluate(config="configs/tiny_cpu.yaml", overrides=[*where, "trial=rec"], version=0)
+    assert v0["checkpoint_version"] == 0 and v0["n"] == 40
+    assert v0["accuracy"] == pytest.approx(before["accuracy"])  # the same model on the same prompts
