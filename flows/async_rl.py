@@ -39,7 +39,13 @@ from flows.run_name import async_rl_run_name, planned_trial
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.parameter_secrets import refuse_secret_overrides_for_other_processes
 from rollflow.configuration.trial_storage import open_trial_storage
-from rollflow.trial_record import pinned_overrides, resume_tags, settle_config
+from rollflow.data.preload import preload_libraries
+from rollflow.trial_record import (
+    pinned_overrides,
+    refuse_changes_to_a_finished_trial,
+    resume_tags,
+    settle_config,
+)
 from rollflow.trials import choose_trial, named_in_overrides
 from tasks.bootstrap import bootstrap_model
 from tasks.distributed import writer_name_for
@@ -95,6 +101,7 @@ def _run_embedded(cfg: ExperimentConfig, tracker: MlflowTracker | None, logger: 
     progress = RunProgress(sink, cfg.train.steps, say=logger.info)
     try:
         before = evaluate_policy(cfg, servers.addresses, label="before", min_version=0, metrics=progress)
+        preload_libraries()  # before the loops' threads import them concurrently (rollflow/data/preload.py)
         reporter.start()
         train_f = train_loop.submit(
             cfg, metrics=progress, stop_event=stop, pause_addresses=servers.addresses, timeline=timeline,
@@ -215,9 +222,12 @@ def run_async_rl(
         name_flow_run(f"async-rl-{cfg.trial}")
         logger.info("trial %s (%s%s)", cfg.trial, plan.state, ", resume" if plan.resume else "")
         if plan.state == "finished":
+            refuse_changes_to_a_finished_trial(open_trial_storage(cfg), cfg, overrides)
             return _report_finished(cfg, plan.done or {}, logger)
         if plan.state == "trained":  # stopped between training and finalization: finish that, once
-            return finalize_trained(cfg, plan.done or {}, logger)
+            return finalize_trained(
+                cfg, plan.done or {}, logger, tags=resume_tags(resumed) if resumed else None
+            )
         if auto_resume_of:
             charge_auto_resume(cfg, auto_resume_of, logger)
         source_version = None

@@ -486,7 +486,11 @@ def _main(argv: list[str]) -> int:
             return inspect_main(_recorded_tokenizer(words), prog="rollflow inspect")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command in ("query", "view", "replay") and all(_OVERRIDE.match(w) for w in extra):
+    if (
+        extra
+        and isinstance(getattr(args, "overrides", None), list)
+        and all(_OVERRIDE.match(w) for w in extra)
+    ):
         args.overrides += extra  # dotted overrides after the options (argparse stops at the first option)
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

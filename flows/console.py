@@ -108,6 +108,8 @@ def mlflow_lines(tracking_uri: str | None, run_url: str | None) -> list[str]:
     )
     return [
         head,
-        f"  {_mlflow_command()} ui --backend-store-uri {tracking_uri} --port {UI_PORT}",
+        # without the job runner MLflow's UI is 7 processes, not 15 (its huey consumers)
+        f"  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false {_mlflow_command()} ui --backend-store-uri {tracking_uri} "
+        f"--port {UI_PORT}",
         f"  then http://127.0.0.1:{UI_PORT}/{page}",
     ]

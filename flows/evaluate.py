@@ -20,6 +20,7 @@ from prefect import flow
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.trial_storage import open_trial_storage
+from tasks.bootstrap import bootstrap_model
 from tasks.evaluate import evaluate_policy
 from tasks.runtime import (
     config_data,
@@ -58,8 +59,11 @@ def evaluate(
                 )
             version = latest.version
         name_flow_run(f"evaluate-{cfg.trial}-v{version}")
-        local = store.fetch(version, Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial)
-        if store.get(version).is_adapter:  # LoRA: serve base + adapter, merged
+        if version == 0 and 0 not in store.list_committed():  # v0 collected: it is the recorded model.path
+            local = Path(bootstrap_model(cfg))
+        else:
+            local = store.fetch(version, Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial)
+        if version != 0 and store.get(version).is_adapter:  # LoRA: serve base + adapter, merged
             from rollflow.training.lora import merge_adapter_dir
 
             local = merge_adapter_dir(cfg.model.path, local, local.with_name(f"{local.name}-merged"))

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.errors import ConfigError
+from rollflow.api.errors import ConfigError, CorruptRecordError
 from rollflow.configuration.loader import flatten, load_config, parse_override, redacted_dict, to_dict
 from rollflow.configuration.redact import REDACTED
 from rollflow.eval_scores import BaseSplit
@@ -190,6 +190,29 @@ def resume_config(
     return ResumedConfig(cfg, changes, ignored)
 
 
+def refuse_changes_to_a_finished_trial(
+    storage: Storage, cfg: ExperimentConfig, overrides: Sequence[str]
+) -> None:
+    """A resume of a finished trial only reports it: an override that would change its record (a longer
+    ``train.steps`` above all) raises ``ResumeOverrideError`` instead of being dropped in silence."""
+    from storage.checkpoints import CheckpointStore
+
+    record = read_config_record(storage)
+    if record is None or not resume_overrides(overrides):
+        return
+    trained = CheckpointStore(storage).latest_version() or 0
+    resumed = resume_config(record, cfg, overrides, trained_version=trained)
+    if resumed.overrides:
+        key = resumed.overrides[0].split("=", 1)[0].strip()
+        raise ResumeOverrideError(
+            key,
+            f"trial {cfg.trial} is finished (trained to v{trained} and finalized); a resume only reports it. "
+            f"To train it further, start a new trial from its last checkpoint: `rollflow run --config <yours> "
+            f"model.path={storage.root_uri}/checkpoints/v{trained:06d} {' '.join(resumed.overrides)}` (or, "
+            "from the registered policy, retrain_from_registry)",
+        )
+
+
 def settle_config(
     storage: Storage,
     cfg: ExperimentConfig,
@@ -267,11 +290,30 @@ def eval_record(storage: Storage, version: int) -> dict[str, Any] | None:
 
 
 def read_base_split(storage: Storage) -> BaseSplit | None:
-    """The trial's base split, or None before its 'before' evaluation."""
+    """The trial's base split, or None before its 'before' evaluation.
+
+    Raises:
+        CorruptRecordError: the file exists but is not a base split. It is left as it is: a new split
+            written over it would move the split the trial's retention figures were measured on.
+    """
     try:
-        return BaseSplit.from_json(storage.get_json(BASE_SPLIT_KEY))
-    except (FileNotFoundError, KeyError, TypeError, ValueError):
+        raw = storage.get_json(BASE_SPLIT_KEY)
+    except FileNotFoundError:
         return None
+    except ValueError as e:  # not JSON
+        raise _corrupt(storage, e) from None
+    try:
+        return BaseSplit.from_json(raw)
+    except (KeyError, TypeError, ValueError) as e:
+        raise _corrupt(storage, e) from None
+
+
+def _corrupt(storage: Storage, e: BaseException) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"{storage.root_uri}/{BASE_SPLIT_KEY} cannot be read ({type(e).__name__}: {e}); it was left untouched. "
+        "Restore it from a backup or your bucket's versioning; deleting it lets the next evaluation decide a "
+        "new split, and the retention figures before and after would then not compare"
+    )
 
 
 def write_base_split(storage: Storage, split: BaseSplit) -> BaseSplit:

@@ -15,6 +15,17 @@ are consumed in file order), and which of a partly consumed commit's groups were
 trainer saves `cursor.to_json()` with its resume state and restores it with `ReaderCursor.from_json`, so
 nothing is consumed twice and nothing is skipped.
 
+Exactly once holds per group, not only per commit: the cursor remembers the id of every group it
+delivered (and the commit it came in), and a later commit's group with an id already delivered is not
+delivered again. It is consumed like a stale group (its commit's credit document counts it, so it holds no
+staleness capacity and the prompt audit counts it once), logged at ERROR naming both commits, and counted
+(`stats["duplicates"]`, `TakeResult.duplicates`). Two writers whose shards carry the same ids, a replayed
+shard or a restored bucket version are caught this way. The memory is bounded by the staleness window:
+when `take` is given `min_head_version`, ids delivered with a head version below it are forgotten, since a
+group that old is dropped as stale whatever its id (a replay that carries a newer head version than its
+original cannot be told from a new group). Without a staleness bound the newest `MAX_REMEMBERED_IDS`
+delivered ids are kept.
+
 Capacity credits (`storage.credits`): when `take` finishes a commit of which it dropped groups as stale,
 it writes the commit's credit document; a quarantine document says how many groups were unconsumed. The
 rollout's `GroupLedger` sums both, so groups that will never be trained stop holding staleness capacity.
@@ -63,6 +74,7 @@ class TakeResult:
 
     groups: list[TrajectoryGroup]
     dropped_stale: int = 0  # groups consumed but not returned: head_version < min_head_version
+    duplicates: int = 0  # groups consumed but not returned: their id was delivered before
     quarantined: int = 0  # commits quarantined during this take
     commit_latency_s: list[float] = field(default_factory=list)  # now - created_at, per commit first touched
 
@@ -75,11 +87,30 @@ class ReaderCursor:
     """
 
     FORMAT = 1
+    MAX_REMEMBERED_IDS = 20_000  # delivered group ids kept when no staleness bound prunes them
 
     def __init__(self) -> None:
         self._partial: dict[str, int] = {}
         self._done: set[str] = set()
         self._dropped: dict[str, set[int]] = {}  # partly consumed commit -> indices dropped as stale
+        # group id -> (commit it was delivered from, its head version), oldest delivery first
+        self._delivered: OrderedDict[str, tuple[str, int]] = OrderedDict()
+
+    def delivered_in(self, group_id: str) -> str | None:
+        """The commit a group with this id was delivered from, or None."""
+        seen = self._delivered.get(group_id)
+        return seen[0] if seen is not None else None
+
+    def note_delivered(self, group_id: str, commit_id: str, head_version: int) -> None:
+        self._delivered[group_id] = (commit_id, head_version)
+        while len(self._delivered) > self.MAX_REMEMBERED_IDS:
+            self._delivered.popitem(last=False)
+
+    def forget_below(self, min_head_version: int) -> None:
+        """Forget delivered ids whose head version is below ``min_head_version`` (module docstring)."""
+        old = [g for g, (_, head) in self._delivered.items() if head < min_head_version]
+        for g in old:
+            del self._delivered[g]
 
     def position(self, commit_id: str) -> int | None:
         """Groups of `commit_id` consumed so far (0 if untouched), or None once it is fully consumed."""
@@ -128,6 +159,7 @@ class ReaderCursor:
         self._partial = dict(other._partial)
         self._done = set(other._done)
         self._dropped = {k: set(v) for k, v in other._dropped.items()}
+        self._delivered = OrderedDict(other._delivered)
 
     def copy(self) -> ReaderCursor:
         c = ReaderCursor()
@@ -143,6 +175,7 @@ class ReaderCursor:
             and self._partial == other._partial
             and self._done == other._done
             and self._dropped == other._dropped
+            and self._delivered == other._delivered
         )
 
     def __repr__(self) -> str:
@@ -173,6 +206,8 @@ class ReaderCursor:
             "done_ids": sorted(odd),
             "partial": dict(sorted(self._partial.items())),
             "partial_dropped": {k: sorted(v) for k, v in sorted(self._dropped.items()) if v},
+            # [group id, commit id, head version], oldest delivery first
+            "delivered": [[g, c, h] for g, (c, h) in self._delivered.items()],
         }
 
     @classmethod
@@ -192,6 +227,10 @@ class ReaderCursor:
             if not isinstance(idx, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in idx):
                 raise ValueError(f"cursor: bad dropped indices for {cid!r}: {idx!r}")
             c._dropped[str(cid)] = set(idx)
+        for item in obj.get("delivered", []):  # absent in cursors saved before ids were remembered
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], int)):
+                raise ValueError(f"cursor: bad delivered entry {item!r}")
+            c._delivered[str(item[0])] = (str(item[1]), int(item[2]))
         return c
 
 
@@ -221,6 +260,7 @@ class ShardReader:
         self.stats: dict[str, int] = {
             "groups_read": 0,
             "dropped_stale": 0,
+            "duplicates": 0,
             "quarantined": 0,
             "commits_seen": 0,
         }
@@ -303,9 +343,12 @@ class ShardReader:
         self.cursor.update(cursor)
         self.stats["groups_read"] += len(result.groups)
         self.stats["dropped_stale"] += result.dropped_stale
+        self.stats["duplicates"] += result.duplicates
         return result
 
     def _take(self, n: int, min_head: int | None, cursor: ReaderCursor, result: TakeResult) -> None:
+        if min_head is not None:
+            cursor.forget_below(min_head)
         self._open_keys.update(self.lister.poll())
         records = self._read_records(sorted(self._open_keys), False, cursor, result)
         now = self._clock()
@@ -332,10 +375,20 @@ class ShardReader:
             dropped: set[int] = set()
             while i < len(groups) and len(result.groups) < n:
                 g = groups[i]
+                first = cursor.delivered_in(g.group_id)
                 if min_head is not None and g.head_version < min_head:
                     result.dropped_stale += 1
                     dropped.add(i)
+                elif first is not None:
+                    result.duplicates += 1
+                    dropped.add(i)  # credited like a stale group: never trained, holds no capacity
+                    logger.error(
+                        "group %s of commit %s (index %d) was already delivered from commit %s: not delivered "
+                        "again (a writer reusing ids, a replayed shard or a restored bucket version?)",
+                        g.group_id, rec.commit_id, i, first,
+                    )  # fmt: skip
                 else:
+                    cursor.note_delivered(g.group_id, rec.commit_id, g.head_version)
                     result.groups.append(g)
                 i += 1
             if i >= rec.groups:

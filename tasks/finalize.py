@@ -137,8 +137,11 @@ def _score_final(cfg: ExperimentConfig, final: int, sink: MetricsSink | None) ->
         stop_servers(servers)
 
 
-def finalize_trained(cfg: ExperimentConfig, done: dict[str, Any], logger: RunLogger) -> dict[str, Any]:
-    """Run the finalization steps a trained trial is missing (module docstring); returns its summary."""
+def finalize_trained(
+    cfg: ExperimentConfig, done: dict[str, Any], logger: RunLogger, *, tags: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run the finalization steps a trained trial is missing (module docstring); returns its summary.
+    ``tags`` go on the trial's MLflow run (the resume's ``rollflow.resume.overrides``)."""
 
     t0 = time.monotonic()
     final = int(done.get("version", 0))
@@ -173,6 +176,8 @@ def finalize_trained(cfg: ExperimentConfig, done: dict[str, Any], logger: RunLog
             "trial %s: its MLflow run already ended with a registry decision; recording it", cfg.trial
         )
         tracker.run_id = run.info.run_id
+        if tags:
+            tracker.set_tags(tags)
         summary.update(
             mlflow_run_id=run.info.run_id,
             eval_accuracy_after=_eval_at(tracker, final),
@@ -182,7 +187,7 @@ def finalize_trained(cfg: ExperimentConfig, done: dict[str, Any], logger: RunLog
         )
         record_finalized(cfg, summary)
         return {**summary, "finalized_on_resume": False, "already_finished": True}
-    tracker.start()  # the trial's run again (find_run): RUNNING until it is finalized
+    tracker.start(tags=tags)  # the trial's run again (find_run): RUNNING until it is finalized
     summary.update(
         mlflow_run_id=tracker.run_id,
         mlflow_run_url=tracker.run_url,

@@ -90,6 +90,11 @@ class NotResumableError(RollflowError):
     """A run whose failure would only repeat on a resume (``rollflow.auto_resume``); says why."""
 
 
+class CorruptRecordError(RollflowError):
+    """A trial's record file exists but cannot be read; it is never rewritten. The message names the file
+    and what to do."""
+
+
 class TrainerError(RollflowError):
     """The trainer cannot continue (no data within the timeout, inconsistent resume state, ...)."""
 

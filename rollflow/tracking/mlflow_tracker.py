@@ -350,9 +350,12 @@ class MlflowTracker:
 
         ds = self.cfg.dataset
         split = ds.train_split if context == "training" else (self.cfg.eval.split or ds.eval_split)
-        where = {"synthetic": f"synthetic:{ds.synthetic.task}", "files": data_files_for(ds, split)}.get(
-            ds.kind, ds.path
-        )
+        if ds.kind == "synthetic":  # (each source is computed only for its own kind: a files path is
+            where = f"synthetic:{ds.synthetic.task}"  # no path of a generated task)
+        elif ds.kind == "files":
+            where = data_files_for(ds, split)
+        else:
+            where = ds.path
         name = f"{self.cfg.experiment}-{'train' if context == 'training' else 'eval'}"
         with warnings.catch_warnings():  # a path can be read as two registered source kinds: the same one
             warnings.simplefilter("ignore", UserWarning)

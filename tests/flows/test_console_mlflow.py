@@ -6,12 +6,16 @@ not there."""
 from __future__ import annotations
 
 import http.server
+import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from flows.console import UI_URL_ENV, mlflow_lines
+from flows.console import UI_PORT, UI_URL_ENV, healthy, mlflow_lines
+
+ROOT = Path(__file__).resolve().parents[2]
 
 RUN = "http://127.0.0.1:5000/#/experiments/3/runs/abc"
 
@@ -45,6 +49,7 @@ def test_a_sqlite_store_gets_the_exact_ui_command(monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv(UI_URL_ENV, raising=False)
     lines = mlflow_lines("sqlite:////work/x/runs/mlflow/mlflow.db", RUN)
     assert "logged to a file, not a server" in lines[0]
+    assert lines[1].strip().startswith("MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false ")
     assert lines[1].endswith(
         "mlflow ui --backend-store-uri sqlite:////work/x/runs/mlflow/mlflow.db --port 5000"
     )
@@ -71,3 +76,44 @@ def test_a_tracking_server_is_linked_and_a_gone_one_is_said(server: str) -> None
     assert mlflow_lines(dead, f"{dead}/#/experiments/3/runs/abc")[0].endswith(
         "(the server does not answer now)"
     )
+
+
+@pytest.mark.slow
+def test_the_printed_ui_command_runs_as_printed_without_the_job_runner(tmp_path: Path) -> None:
+    """The line runs in a shell as printed (on a free port); the UI answers and starts no job consumers."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    from infra.servers import free_port
+
+    db = tmp_path / "mlflow.db"
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    mlflow.search_experiments()  # creates the store
+    line = mlflow_lines(f"sqlite:///{db}", RUN)[1].strip()
+    port = free_port("127.0.0.1")
+    line = line.replace(f"--port {UI_PORT}", f"--port {port}")
+    proc = subprocess.Popen(["bash", "-c", line], start_new_session=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not healthy(f"http://127.0.0.1:{port}"):
+            assert proc.poll() is None and time.monotonic() < deadline, "the UI did not start"
+            time.sleep(0.5)
+        time.sleep(2)  # let it start whatever it starts
+        group = [p for p in psutil.process_iter() if _pgid(p.pid) == proc.pid]
+        names = [" ".join(p.cmdline()[:4]) for p in group]
+        assert not any("huey" in n for n in names) and len(group) <= 8, names  # 15 with the job runner
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None

@@ -52,3 +52,19 @@ def test_the_console_drops_records_about_the_interrupt() -> None:
     assert not quiet.filter(record("Crash detected! ... KeyboardInterrupt", None))
     assert quiet.filter(record("training done at version 3", None))
     assert quiet.filter(record("failed", ValueError("x")))
+
+
+def test_the_printed_resume_command_parses_as_printed(tmp_path: Path, monkeypatch) -> None:
+    """The CLI takes the line's words exactly: the trial, --config, then the dotted overrides after it."""
+    import shlex
+
+    import flows.cli as cli
+
+    monkeypatch.chdir(ROOT)
+    seen = {}
+    monkeypatch.setattr(cli, "_dispatch", lambda args: seen.update(vars(args)) or 0)
+    public = [f"storage.root={tmp_path}", "train.steps=40"]
+    words = shlex.split(kept_line("t1", CONFIG, public, shown=public).split("Resume it with: ", 1)[1])
+    assert words[:2] == ["rollflow", "resume"]
+    assert cli._main(words[1:]) == 0
+    assert seen["command"] == "resume" and seen["trial"] == "t1" and seen["overrides"] == public

@@ -80,6 +80,27 @@ def test_a_resume_keeps_the_trials_settings_and_the_before_score(
     assert tags["rollflow.resume.overrides"] == "train.steps=5"
     assert storage.get_json("record/config.json")["config"]["train"]["steps"] == 5
 
+    # stopped between training and finalization: the resume that only finalizes records its overrides too
+    storage.delete("FINALIZED.json")
+    fin = async_rl(
+        config="configs/tiny_cpu.yaml", overrides=[*where, "rollout.max_concurrent_rollouts=16"], trial="rec",
+        resume=True,
+    )  # fmt: skip
+    assert fin["final_version"] == 5
+    tags = client.get_run(fin["mlflow_run_id"]).data.tags
+    assert tags["rollflow.resume.overrides"] == "train.steps=5 rollout.max_concurrent_rollouts=16"
+
+    # a finished trial: a resume only reports it, and an override that would change it is refused, not dropped
+    with pytest.raises(
+        ResumeOverrideError, match="is finished .* start a new trial from its last checkpoint"
+    ):
+        async_rl(
+            config="configs/tiny_cpu.yaml", overrides=[*where, "train.steps=7"], trial="rec", resume=True
+        )
+    assert storage.get_json("record/config.json")["config"]["train"]["steps"] == 5
+    reported = async_rl(config="configs/tiny_cpu.yaml", overrides=where, trial="rec", resume=True)
+    assert reported["already_finished"] and reported["final_version"] == 5
+
     # scoring the latest checkpoint records it under its own version, on the trial's own evaluation set
     # (its recorded 40 prompts, not the YAML's); the 'before' score stays
     scored = evaluate(config="configs/tiny_cpu.yaml", overrides=[*where, "trial=rec"])
@@ -87,3 +108,11 @@ def test_a_resume_keeps_the_trials_settings_and_the_before_score(
     assert storage.get_json("eval/v000005.json")["label"] == "v5"
     assert storage.get_json("eval/v000005.json")["eval_set"] == before["eval_set"]
     assert storage.get_json("eval/v000000.json") == before
+
+    # v0's checkpoint collected by retention: v0 is the model.path the trial recorded, and scores as such
+    import shutil
+
+    shutil.rmtree(tmp_path / "storage" / "tiny-arith" / "rec" / "checkpoints" / "v000000")
+    v0 = evaluate(config="configs/tiny_cpu.yaml", overrides=[*where, "trial=rec"], version=0)
+    assert v0["checkpoint_version"] == 0 and v0["n"] == 40
+    assert v0["accuracy"] == pytest.approx(before["accuracy"])  # the same model on the same prompts

@@ -57,7 +57,9 @@ def test_round_trip(storage: Storage) -> None:
     )
     assert got.writer == w.writer_id and res.dropped_stale == 0 and res.quarantined == 0
     assert len(res.commit_latency_s) == 3 and all(x >= 0 for x in res.commit_latency_s)
-    assert reader.stats == {"groups_read": 5, "dropped_stale": 0, "quarantined": 0, "commits_seen": 3}
+    assert reader.stats == {
+        "groups_read": 5, "dropped_stale": 0, "duplicates": 0, "quarantined": 0, "commits_seen": 3
+    }  # fmt: skip
     assert reader.take(100).groups == []
     recs = reader.list_commits(include_consumed=True)
     assert [(r.min_head_version, r.max_head_version, r.groups, r.rows) for r in recs] == [
@@ -329,3 +331,57 @@ def test_table_schema_of_written_shard(storage: Storage) -> None:
     table = pq.read_table(pa.BufferReader(storage.get_bytes(rec.shard_key)))
     assert table.schema.metadata[b"rollflow.schema_version"] == b"1"
     assert table.num_rows == rec.rows == 4
+
+
+def _two_writers_same_ids(storage: Storage, ids: list[str], *, head: int = 0) -> None:
+    for name in ("w1", "w2"):  # two writers whose valid shards carry the same group ids
+        with ShardWriter(storage, name, flush_rows=100) as w:
+            for gid in ids:
+                w.add(make_group(gid, head=head))
+
+
+def test_a_group_id_is_delivered_once_across_commits(storage: Storage, caplog) -> None:  # noqa: ANN001
+    from storage import credits
+    from storage.group_ledger import GroupLedger
+
+    _two_writers_same_ids(storage, ["a", "b", "c"])
+    reader = ShardReader(storage)
+    with caplog.at_level(logging.ERROR, logger="storage.shard_reader"):
+        res = reader.take(100)
+    assert sorted(g.group_id for g in res.groups) == ["a", "b", "c"]  # 3 deliveries, not 6
+    assert res.duplicates == 3 and reader.stats["duplicates"] == 3
+    first, second = sorted({c.commit_id for c in reader.list_commits(include_consumed=True)})
+    dup_lines = [r.getMessage() for r in caplog.records if "already delivered" in r.getMessage()]
+    assert len(dup_lines) == 3 and all(first in m and second in m for m in dup_lines), dup_lines
+    # the duplicates are credited like stale groups: they hold no staleness capacity
+    credited = [storage.get_json(k) for k in storage.list(credits.CREDIT_DIR) if k.endswith(".json")]
+    assert sum(len(d["dropped"]) for d in credited) == 3
+    view = GroupLedger(storage).refresh()
+    assert (view.accepted, view.credited) == (6, 3)  # the staleness counters see 3 groups, once each
+
+
+def test_a_group_id_is_delivered_once_across_a_restart(storage_spec) -> None:
+    storage = storage_spec.open()
+    with ShardWriter(storage, "w1", flush_rows=100) as w:
+        for gid in ("a", "b"):
+            w.add(make_group(gid, head=3))
+    r1 = ShardReader(storage)
+    assert [g.group_id for g in r1.take(10, min_head_version=2).groups] == ["a", "b"]
+    saved = json.loads(json.dumps(r1.cursor.to_json()))
+    with ShardWriter(storage, "w2", flush_rows=100) as w:  # committed after the save: the same ids
+        for gid in ("b", "a", "z"):
+            w.add(make_group(gid, head=3))
+    r2 = ShardReader(storage_spec.open(), ReaderCursor.from_json(saved))  # a restarted trainer
+    res = r2.take(10, min_head_version=2)
+    assert [g.group_id for g in res.groups] == ["z"] and res.duplicates == 2
+
+
+def test_remembered_ids_are_bounded_by_the_staleness_window(storage: Storage) -> None:
+    with ShardWriter(storage, "w1", flush_rows=2) as w:
+        for i in range(6):
+            w.add(make_group(f"g{i}", head=i))
+    reader = ShardReader(storage)
+    assert len(reader.take(100, min_head_version=0).groups) == 6
+    assert len(reader.cursor.to_json()["delivered"]) == 6
+    reader.take(100, min_head_version=4)  # ids of heads 0..3 can only come back stale: forgotten
+    assert [e[0] for e in reader.cursor.to_json()["delivered"]] == ["g4", "g5"]

@@ -38,3 +38,24 @@ def test_train_and_eval_sets_are_logged_as_dataset_inputs_with_their_digests(tmp
     assert {t.key: t.value for t in evals.tags}["rollflow.digest"] == want
     assert evals.dataset.digest == want[7:39]
     assert "test.jsonl" in evals.dataset.source and "train.jsonl" in train.dataset.source
+
+
+def test_a_generated_task_logs_both_sets_without_a_warning(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    """The demo's config (a synthetic task) once warned about its own evaluation set on every run."""
+    import logging
+
+    cfg = load_config(
+        "configs/tiny_cpu.yaml",
+        [f"tracking.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "eval.n_prompts=20"],
+    )
+    tracker = MlflowTracker(cfg)
+    tracker.start()
+    with caplog.at_level(logging.WARNING, logger="rollflow.tracking.mlflow_tracker"):
+        tracker.log_dataset_inputs()
+    tracker.finish()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    inputs = tracker.client.get_run(tracker.run_id).inputs.dataset_inputs
+    sources = {
+        next(t.value for t in i.tags if t.key == "mlflow.data.context"): i.dataset.source for i in inputs
+    }
+    assert set(sources) == {"training", "evaluation"} and all("synthetic:" in s for s in sources.values())

@@ -84,6 +84,19 @@ def test_the_base_split_is_decided_once(tmp_path: Path) -> None:
     assert read_base_split(storage) == first
 
 
+@pytest.mark.parametrize("content", [b"{not json", b'{"eval_set": "sha256:a"}', b"[1, 2]"])
+def test_a_corrupt_base_split_fails_loudly_and_is_never_rewritten(tmp_path: Path, content: bytes) -> None:
+    from rollflow.api.errors import CorruptRecordError
+
+    storage = Storage.open(str(tmp_path), "e", "t")
+    storage.put_bytes("record/base-split.json", content)
+    with pytest.raises(CorruptRecordError, match=r"record/base-split.json cannot be read .* left untouched"):
+        read_base_split(storage)
+    with pytest.raises(CorruptRecordError):
+        write_base_split(storage, BaseSplit("sha256:a", (True, False), 1.0))
+    assert storage.get_bytes("record/base-split.json") == content
+
+
 def test_partial_credit_is_compared_by_mean_reward() -> None:
     # the incumbent and the candidate both score accuracy 0 under partial credit: no tie
     inc = Incumbent("1", 0.0, {}, mean_reward=0.40, binary=False, eval_set="sha256:s")
