@@ -226,7 +226,7 @@ def run_async_rl(
             return _report_finished(cfg, plan.done or {}, logger)
         if plan.state == "trained":  # stopped between training and finalization: finish that, once
             return finalize_trained(
-                cfg, plan.done or {}, logger, tags=resume_tags(resumed) if resumed else None
+                cfg, plan.done or {}, logger, new_tags=resume_tags(resumed) if resumed else None
             )
         if auto_resume_of:
             charge_auto_resume(cfg, auto_resume_of, logger)

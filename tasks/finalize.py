@@ -138,10 +138,10 @@ def _score_final(cfg: ExperimentConfig, final: int, sink: MetricsSink | None) ->
 
 
 def finalize_trained(
-    cfg: ExperimentConfig, done: dict[str, Any], logger: RunLogger, *, tags: dict[str, str] | None = None
+    cfg: ExperimentConfig, done: dict[str, Any], logger: RunLogger, *, new_tags: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """Run the finalization steps a trained trial is missing (module docstring); returns its summary.
-    ``tags`` go on the trial's MLflow run (the resume's ``rollflow.resume.overrides``)."""
+    ``new_tags`` go on the trial's MLflow run (the resume's ``rollflow.resume.overrides``)."""
 
     t0 = time.monotonic()
     final = int(done.get("version", 0))
@@ -176,8 +176,8 @@ def finalize_trained(
             "trial %s: its MLflow run already ended with a registry decision; recording it", cfg.trial
         )
         tracker.run_id = run.info.run_id
-        if tags:
-            tracker.set_tags(tags)
+        if new_tags:
+            tracker.set_tags(new_tags)
         summary.update(
             mlflow_run_id=run.info.run_id,
             eval_accuracy_after=_eval_at(tracker, final),
@@ -187,7 +187,7 @@ def finalize_trained(
         )
         record_finalized(cfg, summary)
         return {**summary, "finalized_on_resume": False, "already_finished": True}
-    tracker.start(tags=tags)  # the trial's run again (find_run): RUNNING until it is finalized
+    tracker.start(tags=new_tags)  # the trial's run again (find_run): RUNNING until it is finalized
     summary.update(
         mlflow_run_id=tracker.run_id,
         mlflow_run_url=tracker.run_url,

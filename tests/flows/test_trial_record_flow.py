@@ -86,9 +86,9 @@ def test_a_resume_keeps_the_trials_settings_and_the_before_score(
         config="configs/tiny_cpu.yaml", overrides=[*where, "rollout.max_concurrent_rollouts=16"], trial="rec",
         resume=True,
     )  # fmt: skip
-    assert fin["final_version"] == 5
+    assert fin["final_version"] == 5, fin
     tags = client.get_run(fin["mlflow_run_id"]).data.tags
-    assert tags["rollflow.resume.overrides"] == "train.steps=5 rollout.max_concurrent_rollouts=16"
+    assert tags["rollflow.resume.overrides"] == "train.steps=5 rollout.max_concurrent_rollouts=16", fin
 
     # a finished trial: a resume only reports it, and an override that would change it is refused, not dropped
     with pytest.raises(
@@ -112,7 +112,10 @@ def test_a_resume_keeps_the_trials_settings_and_the_before_score(
     # v0's checkpoint collected by retention: v0 is the model.path the trial recorded, and scores as such
     import shutil
 
-    shutil.rmtree(tmp_path / "storage" / "tiny-arith" / "rec" / "checkpoints" / "v000000")
+    shutil.rmtree(tmp_path / "storage" / "tiny-arith" / "rec" / "checkpoints" / "v000000", ignore_errors=True)
+    assert not (
+        tmp_path / "storage" / "tiny-arith" / "rec" / "checkpoints" / "v000000" / "COMMIT.json"
+    ).exists()
     v0 = evaluate(config="configs/tiny_cpu.yaml", overrides=[*where, "trial=rec"], version=0)
     assert v0["checkpoint_version"] == 0 and v0["n"] == 40
     assert v0["accuracy"] == pytest.approx(before["accuracy"])  # the same model on the same prompts

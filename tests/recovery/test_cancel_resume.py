@@ -34,7 +34,7 @@ from storage.shard_reader import ShardReader
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 TRIAL = "cancelresume"
-STEPS = 40  # ~1 s a step here: the cancel (~5 s after v1) lands near v8; 20 was once too few in a full suite
+STEPS = 80  # ~1 s a step here: the cancel (~5 s after v1) lands near v8; 20, and once 40, were too few in a full suite
 MAX_NEW_TOKENS = 160  # most of a random model's samples run to it: the cancel finds them in the middle
 
 
