@@ -40,12 +40,7 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.parameter_secrets import refuse_secret_overrides_for_other_processes
 from rollflow.configuration.trial_storage import open_trial_storage
 from rollflow.data.preload import preload_libraries
-from rollflow.trial_record import (
-    pinned_overrides,
-    refuse_changes_to_a_finished_trial,
-    resume_tags,
-    settle_config,
-)
+from rollflow.trial_record import pinned_overrides, resume_tags, settle_config
 from rollflow.trials import choose_trial, named_in_overrides
 from tasks.bootstrap import bootstrap_model
 from tasks.distributed import writer_name_for
@@ -213,7 +208,7 @@ def run_async_rl(
         )
         cfg = dataclasses.replace(cfg, trial=plan.trial)
         resumed = None
-        if plan.state in ("unfinished", "trained"):  # the trial's recorded config, not the YAML read again
+        if plan.state != "new":  # the trial's recorded config, not the YAML read again
             resumed = settle_config(
                 open_trial_storage(cfg), cfg, state=plan.state, overrides=overrides, warn=logger.warning
             )
@@ -222,7 +217,6 @@ def run_async_rl(
         name_flow_run(f"async-rl-{cfg.trial}")
         logger.info("trial %s (%s%s)", cfg.trial, plan.state, ", resume" if plan.resume else "")
         if plan.state == "finished":
-            refuse_changes_to_a_finished_trial(open_trial_storage(cfg), cfg, overrides)
             return _report_finished(cfg, plan.done or {}, logger)
         if plan.state == "trained":  # stopped between training and finalization: finish that, once
             return finalize_trained(

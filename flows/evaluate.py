@@ -59,11 +59,12 @@ def evaluate(
                 )
             version = latest.version
         name_flow_run(f"evaluate-{cfg.trial}-v{version}")
-        if version == 0 and 0 not in store.list_committed():  # v0 collected: it is the recorded model.path
+        collected_v0 = version == 0 and 0 not in store.list_committed()
+        if collected_v0:  # retention removed v0's checkpoint: v0 is the model.path the trial recorded
             local = Path(bootstrap_model(cfg))
         else:
             local = store.fetch(version, Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial)
-        if version != 0 and store.get(version).is_adapter:  # LoRA: serve base + adapter, merged
+        if not collected_v0 and store.get(version).is_adapter:  # LoRA: serve base + adapter, merged
             from rollflow.training.lora import merge_adapter_dir
 
             local = merge_adapter_dir(cfg.model.path, local, local.with_name(f"{local.name}-merged"))

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import sys
 from pathlib import Path
 
 from infra.servers import ServerGroup, free_port, start_servers
 from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import ServerStartupError
-from rollflow.inference.sglang import sglang_command
+from rollflow.inference.sglang import cpu_threads_env, sglang_command
 from rollflow.inference.vllm import resolve_python
 
 logger = logging.getLogger(__name__)
@@ -71,18 +70,6 @@ def resolve_device(cfg: InferenceConfig) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def cpu_env(cfg: InferenceConfig) -> dict[str, str]:
-    """A CPU server's environment: ``server_threads`` torch threads, passive OpenMP waits, offline hub."""
-    threads = str(cfg.server_threads if isinstance(cfg.server_threads, int) else 1)
-    return {
-        "OMP_NUM_THREADS": threads,
-        "MKL_NUM_THREADS": threads,
-        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-    }
-
-
 def launch_sglang_servers(
     cfg: InferenceConfig,
     model_path: str | Path,
@@ -122,7 +109,7 @@ def launch_sglang_servers(
         )
         for i, p in enumerate(ports)
     ]
-    full_env = {**(cpu_env(cfg) if device == "cpu" else {}), **(env or {})}
+    full_env = {**(cpu_threads_env(cfg) if device == "cpu" else {}), **(env or {})}
     group = start_servers(
         commands,
         [f"{cfg.host}:{p}" for p in ports],

@@ -190,29 +190,6 @@ def resume_config(
     return ResumedConfig(cfg, changes, ignored)
 
 
-def refuse_changes_to_a_finished_trial(
-    storage: Storage, cfg: ExperimentConfig, overrides: Sequence[str]
-) -> None:
-    """A resume of a finished trial only reports it: an override that would change its record (a longer
-    ``train.steps`` above all) raises ``ResumeOverrideError`` instead of being dropped in silence."""
-    from storage.checkpoints import CheckpointStore
-
-    record = read_config_record(storage)
-    if record is None or not resume_overrides(overrides):
-        return
-    trained = CheckpointStore(storage).latest_version() or 0
-    resumed = resume_config(record, cfg, overrides, trained_version=trained)
-    if resumed.overrides:
-        key = resumed.overrides[0].split("=", 1)[0].strip()
-        raise ResumeOverrideError(
-            key,
-            f"trial {cfg.trial} is finished (trained to v{trained} and finalized); a resume only reports it. "
-            f"To train it further, start a new trial from its last checkpoint: `rollflow run --config <yours> "
-            f"model.path={storage.root_uri}/checkpoints/v{trained:06d} {' '.join(resumed.overrides)}` (or, "
-            "from the registered policy, retrain_from_registry)",
-        )
-
-
 def settle_config(
     storage: Storage,
     cfg: ExperimentConfig,
@@ -223,20 +200,33 @@ def settle_config(
 ) -> ResumedConfig:
     """The config a run of a trial in ``state`` (``rollflow.trials.TrialState``) runs with: a new trial's
     ``cfg``, recorded now; an unfinished or trained one's record with the resume's ``overrides`` on top
-    (recorded again with them). A trial that has no record (made before records existed) keeps ``cfg``
-    and records it, so its next resume has one.
+    (recorded again with them); a finished one's record as it is (its resume only reports it: nothing is
+    recorded). A trial that has no record (made before records existed) keeps ``cfg`` and records it, so
+    its next resume has one (a finished one is left as it is).
 
     Raises:
-        ResumeOverrideError: see ``resume_config``.
+        ResumeOverrideError: see ``resume_config``; also a longer ``train.steps`` for a trained trial, and
+            any override that would change a finished trial (the message says how to train it further).
     """
     from storage.checkpoints import CheckpointStore
 
     record = read_config_record(storage) if state != "new" else None
     if record is None:
-        write_config_record(storage, cfg)
+        if state != "finished":
+            write_config_record(storage, cfg)
         return ResumedConfig(cfg, resume_overrides(overrides) if state != "new" else [])
     trained = CheckpointStore(storage).latest_version() or 0
     resumed = resume_config(record, cfg, overrides, trained_version=trained)
+    if state == "finished":
+        if resumed.overrides:
+            raise ResumeOverrideError(
+                resumed.overrides[0].split("=", 1)[0].strip(),
+                f"trial {cfg.trial} is finished (trained to v{trained} and finalized); a resume only reports "
+                f"it. To train it further, start a new trial from its last checkpoint: `rollflow run --config "
+                f"<yours> model.path={storage.root_uri}/checkpoints/v{trained:06d} "
+                f"{' '.join(resumed.overrides)}` (or, from the registered policy, retrain_from_registry)",
+            )
+        return ResumedConfig(resumed.cfg, [], resumed.ignored)
     if state == "trained" and resumed.cfg.train.steps != record["config"].get("train", {}).get("steps"):
         raise ResumeOverrideError(
             "train.steps",
@@ -297,23 +287,15 @@ def read_base_split(storage: Storage) -> BaseSplit | None:
             written over it would move the split the trial's retention figures were measured on.
     """
     try:
-        raw = storage.get_json(BASE_SPLIT_KEY)
+        return BaseSplit.from_json(storage.get_json(BASE_SPLIT_KEY))
     except FileNotFoundError:
         return None
-    except ValueError as e:  # not JSON
-        raise _corrupt(storage, e) from None
-    try:
-        return BaseSplit.from_json(raw)
-    except (KeyError, TypeError, ValueError) as e:
-        raise _corrupt(storage, e) from None
-
-
-def _corrupt(storage: Storage, e: BaseException) -> CorruptRecordError:
-    return CorruptRecordError(
-        f"{storage.root_uri}/{BASE_SPLIT_KEY} cannot be read ({type(e).__name__}: {e}); it was left untouched. "
-        "Restore it from a backup or your bucket's versioning; deleting it lets the next evaluation decide a "
-        "new split, and the retention figures before and after would then not compare"
-    )
+    except (KeyError, TypeError, ValueError) as e:  # not JSON, or JSON that is no base split
+        raise CorruptRecordError(
+            f"{storage.root_uri}/{BASE_SPLIT_KEY} cannot be read ({type(e).__name__}: {e}); it was left "
+            "untouched. Restore it from a backup or your bucket's versioning; deleting it lets the next "
+            "evaluation decide a new split, and the retention figures before and after would then not compare"
+        ) from None
 
 
 def write_base_split(storage: Storage, split: BaseSplit) -> BaseSplit:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rollflow.api.config import INFERENCE_API_KEY_ENV as API_KEY_ENV
-from rollflow.api.config import SGLangConfig
+from rollflow.api.config import InferenceConfig, SGLangConfig
 from rollflow.api.errors import InferenceError, InvalidRequestError, ServerUnavailableError, WeightUpdateError
 from rollflow.api.inference import SamplingParams
 from rollflow.inference.checkpoint_check import check_loadable, tensor_index
@@ -67,7 +67,9 @@ CPU_ATTENTION_BACKEND = "torch_native"
 CPU_MEM_FRACTION_STATIC = 0.2
 CPU_MAX_TOTAL_TOKENS = 65536
 
-__all__ = ["API_KEY_ENV", "LocalEngine", "SGLangEngine", "cpu_server_command", "sglang_command"]
+__all__ = [
+    "API_KEY_ENV", "LocalEngine", "SGLangEngine", "cpu_server_command", "cpu_threads_env", "sglang_command",
+]  # fmt: skip
 
 
 def sglang_command(
@@ -139,6 +141,20 @@ def sglang_command(
     if dtype is not None:
         cmd += ["--dtype", dtype]
     return cmd + list(sg.extra_args)
+
+
+def cpu_threads_env(cfg: InferenceConfig) -> dict[str, str]:
+    """The environment of a server on CPU cores (rollflow's CPU server, SGLang on ``device cpu``):
+    ``inference.server_threads`` torch threads, passive OpenMP waits (a waiting server leaves its cores to
+    the trainer), offline hub."""
+    threads = str(cfg.server_threads if isinstance(cfg.server_threads, int) else 1)
+    return {
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+    }
 
 
 def cpu_server_command(
@@ -225,9 +241,8 @@ class SGLangEngine:
         except ServerUnavailableError:
             raise
         except InferenceError as e:
-            reply = getattr(
-                e, "reply", None
-            )  # InferenceError carries the server's JSON reply when it had one
+            # routing.control_call puts the server's JSON reply on the error when there was one
+            reply = getattr(e, "reply", None)
             msg = str(reply.get("message")) if isinstance(reply, dict) else str(e)
             if update_was_applied(msg):  # the weights are live; make /model_info say so too
                 control_call(
@@ -293,19 +308,11 @@ class LocalEngine(SGLangEngine):
 
     def launch(self, args: LaunchArgs) -> LaunchSpec:
         cfg = args.cfg
-        threads = cfg.server_threads if isinstance(cfg.server_threads, int) else 1
+        env = cpu_threads_env(cfg)
         cmd = cpu_server_command(
-            args.model_path, port=args.port, host=cfg.host, max_batch_size=cfg.max_batch_size, threads=threads,
-            weight_version=args.version,
+            args.model_path, port=args.port, host=cfg.host, max_batch_size=cfg.max_batch_size,
+            threads=int(env["OMP_NUM_THREADS"]), weight_version=args.version,
         )  # fmt: skip
-        env = {
-            "OMP_NUM_THREADS": str(threads),
-            # idle OpenMP threads sleep instead of spinning, so a waiting server leaves its cores to the trainer
-            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-            "MKL_NUM_THREADS": str(threads),
-            "TOKENIZERS_PARALLELISM": "false",
-            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-        }
         if cfg.api_key:
             env[API_KEY_ENV] = cfg.api_key
         return LaunchSpec(cmd, env)

@@ -115,15 +115,16 @@ def parse_abort(body: Any) -> tuple[str, bool]:
 # SGLang 0.5.23's reply when the weights were swapped but the cache could not be flushed (requests still
 # running or queued, as under an ``in_place`` pause): status 400, yet the new weights ARE live and the
 # scheduler tags new tokens with the new version; only ``/model_info`` keeps the old one.
+NOT_FLUSHED_PREFIX = "Weights were updated, but the cache was not flushed"
 NOT_FLUSHED_MESSAGE = (
-    "Weights were updated, but the cache was not flushed because requests are still running or queued. "
-    "Retract or finish them, then call /flush_cache."
+    f"{NOT_FLUSHED_PREFIX} because requests are still running or queued. Retract or finish them, then call "
+    "/flush_cache."
 )
 
 
 def update_was_applied(message: str) -> bool:
     """True when a refused ``/update_weights_from_disk`` reply says the weights were swapped anyway."""
-    return message.startswith("Weights were updated, but the cache was not flushed")
+    return message.startswith(NOT_FLUSHED_PREFIX)
 
 
 def parse_weight_version_update(body: Any) -> tuple[str, bool]:
