@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,30 @@ def _raw_generate(addr: str, key: str, ids: list[int], n: int) -> dict[str, Any]
         "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True},
     }  # fmt: skip
     return control_call(addr, "/generate", body, api_key=key, timeout_s=60)
+
+
+def _while_generating(
+    group: Any, key: str, prompts: list[list[int]], action: Callable[[], None], n_new: int = N_NEW
+) -> list[GenerateResult]:
+    """Send ``prompts`` (temperature 1, ``n_new`` tokens each), run ``action`` in a thread once the scheduler is
+    decoding them, and return every result."""
+
+    async def go() -> list[GenerateResult]:
+        client = _client(group, key)
+        try:
+            sp = SamplingParams(max_new_tokens=n_new, temperature=1.0, ignore_eos=True)
+            tasks = [asyncio.create_task(client.agenerate(GenerateRequest(p, sp))) for p in prompts]
+            await asyncio.sleep(0.3)  # the requests are sent first
+            stream = await until_sglang_streams(group.addresses[0], key, chunks=20)
+            try:
+                await asyncio.to_thread(action)
+            finally:
+                await stream.aclose()
+            return list(await asyncio.gather(*tasks))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
 
 
 def test_launch_flags_come_from_the_config(sglang_server: Any) -> None:
@@ -140,23 +165,11 @@ def test_update_with_64_requests_in_flight(
     cached_before = _raw_generate(addr, key, CACHED_PROMPT, 4)  # its prefix now sits in the radix cache
     store.publish(vllm_models.b, 1)
 
-    async def go() -> list[GenerateResult]:
-        client = _client(sglang_server, key)
-        try:
-            sp = SamplingParams(max_new_tokens=N_NEW, temperature=1.0, ignore_eos=True)
-            tasks = [asyncio.create_task(client.agenerate(GenerateRequest(p, sp))) for p in PROMPTS]
-            await asyncio.sleep(0.3)  # the 64 are sent first
-            stream = await until_sglang_streams(addr, key, chunks=20)
-            try:
-                assert await asyncio.to_thread(watcher.poll_once) == 1
-            finally:
-                await stream.aclose()
-            return list(await asyncio.gather(*tasks))
-        finally:
-            await client.aclose()
+    def load() -> None:
+        assert watcher.poll_once() == 1
 
     try:
-        results = asyncio.run(go())
+        results = _while_generating(sglang_server, key, PROMPTS, load)
         assert SGLangEngine().served_version(addr, api_key=key, timeout_s=10) == "1"
         assert SGLangEngine().health(addr, timeout_s=10)
         cached_after = _raw_generate(addr, key, CACHED_PROMPT, 4)
@@ -208,30 +221,16 @@ def test_in_place_update_the_engine_did_not_pause_keeps_the_record_right(
     addr, key = sglang_server.addresses[0], sglang_lib.KEY
     eng = SGLangEngine()
 
-    async def go() -> list[GenerateResult]:
-        client = _client(sglang_server, key)
+    def load_under_a_foreign_pause() -> None:
+        control_call(addr, "/pause_generation", {"mode": "in_place"}, api_key=key)  # not the engine's
         try:
-            sp = SamplingParams(max_new_tokens=N_NEW, temperature=1.0, ignore_eos=True)
-            tasks = [asyncio.create_task(client.agenerate(GenerateRequest(p, sp))) for p in PROMPTS[:16]]
-            await asyncio.sleep(0.3)
-            stream = await until_sglang_streams(addr, key, chunks=20)
-            try:
-                control_call(addr, "/pause_generation", {"mode": "in_place"}, api_key=key)  # not the engine's
-                try:
-                    await asyncio.to_thread(
-                        eng.load_weights, addr, vllm_models.b, "5", api_key=key, timeout_s=120
-                    )
-                    assert eng.served_version(addr, api_key=key, timeout_s=10) == "5"
-                finally:
-                    control_call(addr, "/continue_generation", {}, api_key=key)
-            finally:
-                await stream.aclose()
-            return list(await asyncio.gather(*tasks))
+            eng.load_weights(addr, vllm_models.b, "5", api_key=key, timeout_s=120)
+            assert eng.served_version(addr, api_key=key, timeout_s=10) == "5"
         finally:
-            await client.aclose()
+            control_call(addr, "/continue_generation", {}, api_key=key)
 
     try:
-        results = asyncio.run(go())
+        results = _while_generating(sglang_server, key, PROMPTS[:16], load_under_a_foreign_pause)
     finally:
         sglang_lib.serve(sglang_server, vllm_models.a, "0")
     assert all(len(r.output_ids) == N_NEW for r in results)
