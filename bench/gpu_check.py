@@ -332,6 +332,13 @@ def _peak(device: torch.device, given: float | None) -> tuple[str, float | None]
     return name, given or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
+def _shown(figures: dict[str, Any]) -> dict[str, Any]:
+    """Prints each figure as a ``key value`` line as soon as its part ends (a run cut short keeps them)."""
+    for k, v in figures.items():
+        print(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}", flush=True)
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="cuda (the check) or cpu (CI, with --tiny)")
@@ -361,21 +368,20 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
         os.environ.setdefault("LOCAL_RANK", str(device.index))  # init_distributed puts rank 0 there
     card, peak = _peak(device, args.peak_tflops)
+    print(f"device {card}", flush=True)
     t_start = time.perf_counter()
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rollflow-gpu-check-", dir=args.dir) as tmp:
         train, policy, ctx = train_part(s, device, peak)
-        figures.update(train)
+        figures.update(_shown(train))
         update, inference, master = update_part(policy, ctx, device, Path(tmp))
-        figures.update(update)
-        figures.update(logprob_part(s, policy, inference, master, device))
+        figures.update(_shown(update))
+        figures.update(_shown(logprob_part(s, policy, inference, master, device)))
         ctx.shutdown()
         del policy, inference, master
     if args.memory:
         figures.update(memory_part(s, device, ("tiny",) if args.tiny else MEMORY_SIZES))
-    figures["wall_s"] = time.perf_counter() - t_start
-    for k, v in figures.items():
-        print(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}", flush=True)
+    figures.update(_shown({"wall_s": time.perf_counter() - t_start}))
     out = (
         Path(args.out)
         if args.out
