@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
         os.environ.setdefault("LOCAL_RANK", str(device.index))  # init_distributed puts rank 0 there
     card, peak = _peak(device, args.peak_tflops)
-    print(f"device {card}", flush=True)
+    print(f"# device {card}", flush=True)
     t_start = time.perf_counter()
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rollflow-gpu-check-", dir=args.dir) as tmp:

@@ -16,12 +16,18 @@ compute) on one of R ranks (FSDP2 shards the states and the bf16 copy over them)
                                                 MLP and their gradients)
                   2 T L (16 d + 3 m)        without it: every layer's activations kept
 
+The token terms (logits and activations) are then multiplied by a factor measured on a card, ``1.35``
+without gradient checkpointing and ``1.5`` with it (allocator blocks, the proximal forward's logits,
+temporaries the sum leaves out): the GPU check's memory sweep on an NVIDIA H200 (Qwen2.5-0.5B and -1.5B
+shapes, 4,096 to 16,384-token micro-batches, ``bench/results/gpu_check.json``) measured 0.94-1.32x the
+plain sum; with the factors the estimate is at or above every measured peak, by at most 31 %.
+
 SGLang holds ``inference.sglang.mem_fraction_static`` of its GPU (weights + KV cache; SGLang's own default
 is about 0.8-0.9 on an 80 GB card). The logits term dominates at large vocabularies: Qwen2.5's 151,936
 tokens x 16,384 tokens a micro-batch is 30 GB by itself.
 
-What it is not: a measurement. The figures are arithmetic until the GPU check's memory sweep
-(``python -m bench.gpu_check --memory``) has run on the card; docs/gpu.md says which figures were measured.
+What it is not: a measurement. It is arithmetic calibrated on one card and one torch version (2.11); the
+GPU check's memory sweep (``python -m bench.gpu_check --memory``) measures a card (docs/gpu.md).
 LoRA runs are not estimated (their states are the adapter's, far smaller).
 """
 
@@ -51,6 +57,8 @@ KNOWN_SHAPES = {
     "Qwen/Qwen2.5-7B-Instruct": ModelShape(7_615_616_512, 152_064, 3584, 28, 18944),
 }
 GB = 1e9
+# The token terms' measured excess over the plain sum, by gradient checkpointing (module docstring).
+MEASURED_TOKEN_FACTOR = {False: 1.35, True: 1.5}
 
 
 def model_shape(path: str) -> ModelShape | None:
@@ -78,7 +86,8 @@ def trainer_peak_gb(
         act = 2 * t * (layers * d + 4 * d + 3 * m) * 4
     else:
         act = 2 * t * layers * (16 * d + 3 * m)
-    return (16 * n + 2 * n + 12 * t * shape.vocab + act) / GB
+    factor = MEASURED_TOKEN_FACTOR[gradient_checkpointing]
+    return (16 * n + 2 * n + factor * (12 * t * shape.vocab + act)) / GB
 
 
 def max_fitting_tokens(
