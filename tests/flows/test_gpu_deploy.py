@@ -51,3 +51,52 @@ def test_gpu_deployments_take_the_config_from_the_environment(
             assert d.job_variables["gpu_count"] == gpus and d.job_variables["image"] == "reg/my-rl:gpu", name
         assert pc.read_deployment_by_name("train/gpu").job_variables["nnodes"] == 2
         assert pc.read_deployment_by_name("async-rl/gpu").work_pool_name == "rollflow-gpu-docker"
+
+
+def test_docker_pool_takes_storage_and_mlflow_from_prefect_at_run_time(
+    prefect_server: str, tmp_path: Path
+) -> None:
+    """The Docker GPU pool resolves the storage credentials (Secret blocks) and the storage and MLflow
+    endpoints (Variables) when a worker starts a container, as Prefect resolves a base job template: the
+    deployment holds none of them, and its own env (the role) is merged over them. A config that named a
+    cluster's DNS (`*.svc`) could not be reached from Docker's bridge network; the shipped one names none."""
+    import asyncio
+
+    from prefect.blocks.system import Secret
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import VariableCreate
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.workers.base import BaseJobConfiguration
+
+    template = json.loads((ROOT / "infra/work_pools/docker-gpu.json").read_text())
+    deployment_vars = {"image": "reg/rollflow:gpu", "gpu_count": 2, "env": {"ROLLFLOW_ROLE": "rollout"}}
+    with temporary_settings({PREFECT_API_URL: prefect_server}):
+        Secret(value="AKIA-test-key").save("rollflow-storage-access-key-id", overwrite=True)
+        Secret(value="test-secret-value").save("rollflow-storage-secret-access-key", overwrite=True)
+        with get_client(sync_client=True) as pc:
+            for name, value in (
+                ("rollflow_storage_endpoint_url", "http://10.0.0.5:9000"),
+                ("rollflow_mlflow_tracking_uri", "http://10.0.0.5:5000"),
+            ):
+                if pc.read_variable_by_name(name) is None:  # the session's server may have it already
+                    pc.create_variable(VariableCreate(name=name, value=value))
+
+        async def resolve() -> dict[str, str]:
+            async with get_client() as client:
+                cfg = await BaseJobConfiguration.from_template_and_values(
+                    template, deployment_vars, client=client
+                )
+            return cfg.env
+
+        env = asyncio.run(resolve())
+    assert env == {
+        "AWS_ACCESS_KEY_ID": "AKIA-test-key",
+        "AWS_SECRET_ACCESS_KEY": "test-secret-value",
+        "AWS_ENDPOINT_URL": "http://10.0.0.5:9000",
+        "MLFLOW_TRACKING_URI": "http://10.0.0.5:5000",
+        "ROLLFLOW_ROLE": "rollout",
+    }
+    shipped = json.dumps(template) + (ROOT / "prefect-gpu.yaml").read_text()
+    assert "test-secret-value" not in shipped and "AKIA" not in shipped
+    config = (ROOT / "configs/gsm8k_qwen.yaml").read_text()
+    assert ".svc" not in config and "endpoint_url" not in config
