@@ -1,6 +1,6 @@
 """Compare two settings of rollflow (an A/B of one technique) from ``bench.peer`` result folders.
 
-What it is: the reader behind the one-row-per-technique tables of docs/learning.md. Each arm is a
+What it is: the reader behind the one-row-per-technique tables of docs/benchmarks.md. Each arm is a
 label and one or more ``bench.peer --systems rollflow --out DIR`` folders (a seed per folder, or many);
 it reads every ``peer_*.json`` under them and prints, per arm, medians over its runs with ``_spread``
 (min..max) beside them:

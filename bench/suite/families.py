@@ -7,7 +7,7 @@ the tiny model warm-started on ``warm_start_params``, the RL and held-out prompt
 ``candidate_overrides()`` puts every learning key (and the shard keys: the run names only its task) at
 the config class's default, so values a shipped config was tuned with never reach the suite.
 
-The split (docs/learning.md, "The suite", written before any tuning):
+The split (docs/benchmarks.md, "The suite", written before any tuning):
 
 * dev: ``add_gap`` and ``sub_gap`` (every default so far was tuned on them), ``basic_arithmetic``,
   ``count_bits``;
@@ -18,7 +18,7 @@ numbers). Whether each lands the base at 0.1-0.4 held out is checked by ``python
 --calibrate`` (it prints ``base_acc`` and the solved share per family and writes them to
 ``bench/results/suite/calibration.json``); a family outside that range gets its setting (target or warm
 start) changed before any learning run, and the change is written down with the split. The settings
-below are the calibrated ones (docs/learning.md lists each try).
+below are the calibrated ones (docs/benchmarks.md lists each try).
 
 What it is not: the runner (``run.py``) or the report (``report.py``).
 """

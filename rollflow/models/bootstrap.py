@@ -288,7 +288,7 @@ def _train_until_probe_passes(
 ) -> int:
     """Probe; while it fails, train ``PROBE_EVERY`` more steps and probe again, at most ``budget``
     steps in all. Returns the steps added. Still failing at the end is logged, not raised: the
-    marker records the probes, and RL on such a model may plateau (docs/learning.md)."""
+    marker records the probes, and RL on such a model may plateau (docs/benchmarks.md, "An agent learns a tool")."""
     extra = 0
     result = run_probe()
     while not result.passed and extra < budget:

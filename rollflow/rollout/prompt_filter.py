@@ -53,7 +53,7 @@ is pulled. A source without positions (a plain ``feed``) gets its skips drawn on
 
 What changes per step: a batch holds the same ``train.batch_size`` groups, more of them with signal, so
 one optimizer step moves the policy more (the token-mean loss over the batch counts every token, those of
-flat groups too). Measured in docs/learning.md ("A prompt curriculum").
+flat groups too). Measured in docs/benchmarks.md ("The prompt curriculum: why, and the claim fix").
 
 What it is not: dynamic sampling (that one filters finished groups), a difficulty model, or a sampler
 that reorders prompts; the epoch order is the prompt source's. The memory is one small record per prompt

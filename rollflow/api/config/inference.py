@@ -221,7 +221,7 @@ class InferenceConfig:
         default="retract",
         metadata=help_(
             "How a weight update pauses a server (SGLang's /pause_generation mode; default retract, measured "
-            "faster: docs/learning.md). abort: in-flight "
+            "faster: docs/benchmarks.md, 'Where the time goes'). abort: in-flight "
             "requests return their partial output and the client re-submits prompt + output so far (one "
             "HTTP round trip and one prefill per interrupted request); retract: the server keeps them, "
             "recomputes their KV cache under the new weights and continues (the same tokens and version "

@@ -69,9 +69,10 @@ class RolloutConfig:
             "Max policy versions a trajectory may lag the trainer (AReaL's eta). 0 with "
             "pause_during_training is the synchronous baseline. Evidence for the default: 2 is the peer "
             "value (AReaL's examples), and the set of peer values is what ran against TRL on the suite's "
-            "test families (docs/learning.md, 'The judged run'); 1 learned more per generated token on "
-            "sub_gap, a dev family, but was never run on the test families, so configs/tiny_hard.yaml "
-            "sets 1 and the default stays the peers'."
+            "test families (docs/benchmarks.md, 'Task families nobody tuned on'); 1 learned more per "
+            "generated token on sub_gap, a dev family (docs/benchmarks.md, 'Staleness 1 against 2'), but "
+            "was never run on the test families, so configs/tiny_hard.yaml sets 1 and the default stays "
+            "the peers'."
         ),
     )
     pause_during_training: bool = field(
@@ -126,7 +127,8 @@ class RolloutConfig:
             "generate more until each batch is full of groups with signal. Costs extra generation, "
             "counted as rollout/rejected_filtered. Applied before should_accept_fn when both are set. "
             "Evidence for the default: off is the peer value (TRL; verl has it off unless asked) and is "
-            "what ran against TRL on the suite's test families (docs/learning.md, 'The judged run')."
+            "what ran against TRL on the suite's test families (docs/benchmarks.md, 'Task families nobody "
+            "tuned on'); capped, it lost on sub_gap (docs/benchmarks.md, 'Every technique on sub_gap')."
         ),
     )
     dynamic_sampling_max_extra: float | None = field(
@@ -145,9 +147,10 @@ class RolloutConfig:
             "released, never generated, counted as rollout/rejected_skipped, and revisited in a later "
             "epoch (rollflow/rollout/prompt_filter.py). None or 0 = off, the peer value (TRL and verl "
             "generate every prompt); must be < 1. Evidence for the default: 0.97 / 0.5 won a sweep on "
-            "add_gap, a dev family (docs/learning.md), and cost retention of solved problems on a task it "
-            "was not tuned on; it was never run on the suite's test families, so it is off by default "
-            "(the value judged there, docs/learning.md 'The judged run') and set in configs/tiny_hard.yaml."
+            "add_gap, a dev family (docs/benchmarks.md, 'The skip probabilities, swept'), and cost "
+            "retention of solved problems on a task it was not tuned on; it was never run on the suite's "
+            "test families, so it is off by default (the value judged there, docs/benchmarks.md 'Task "
+            "families nobody tuned on') and set in configs/tiny_hard.yaml."
         ),
     )
     skip_unsolved_prob: float | None = field(

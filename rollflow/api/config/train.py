@@ -124,9 +124,10 @@ class TrainConfig:
             "Passes over each batch per step (off-policy reuse, GRPO's mu): every pass makes "
             "ppo_n_minibatches updates against the same proximal logprobs, the clip bounding the drift. "
             "Evidence for the default: 1 is the peer value (TRL's num_iterations, verl's ppo_epochs). 2 "
-            "halved the completions to 0.8 held-out on sub_gap, a dev family (docs/learning.md), but was "
-            "never run on the suite's test families, where 1 was judged against TRL (docs/learning.md, "
-            "'The judged run'), so configs/tiny_hard.yaml sets it. It costs "
+            "halved the completions to 0.8 held-out on sub_gap, a dev family (docs/benchmarks.md, 'Every "
+            "technique on sub_gap'), but was never run on the suite's test families, where 1 was judged "
+            "against TRL (docs/benchmarks.md, 'Task families nobody tuned on'), so configs/tiny_hard.yaml "
+            "sets it. It costs "
             "trainer compute only, which waits for data most of the time when generation bounds the run."
         ),
     )
@@ -139,7 +140,8 @@ class TrainConfig:
         metadata=help_(
             "LR schedule after warmup. Evidence for the default: constant is the peer value (TRL's and "
             "verl's GRPO examples) and is what ran against TRL on the suite's test families "
-            "(docs/learning.md, 'The judged run'); cosine was never run there."
+            "(docs/benchmarks.md, 'Task families nobody tuned on'); cosine was never run there, and did "
+            "not help on sub_gap, a dev family (docs/benchmarks.md, 'Staleness 1 against 2')."
         ),
     )
     min_lr_ratio: float = field(
@@ -155,7 +157,8 @@ class TrainConfig:
         metadata=help_(
             "Asymmetric upper clip 1 + eps_high (DAPO's clip-higher); None = eps_clip. Evidence for the "
             "default: None (a symmetric clip) is the peer value and is what ran against TRL on the suite's "
-            "test families (docs/learning.md, 'The judged run')."
+            "test families (docs/benchmarks.md, 'Task families nobody tuned on'); 0.28 did not help on "
+            "sub_gap, a dev family (docs/benchmarks.md, 'Every technique on sub_gap')."
         ),
     )
     c_clip: float | None = field(

@@ -34,7 +34,7 @@ to copy in 400 warm-start steps (greedy key copy 0.0, value copy 0.1: it memoris
 instead, and copying by position over ~20 tokens had not emerged). With the default tiny shape (4
 layers, 4 heads of 2 KV heads, batch 64, lr 3e-3) the copies emerged at 300-600 steps or not at all
 depending on the seed; ``configs/tiny_agent.yaml``'s shape (2 layers, 8 heads, batch 16, lr 1e-3)
-learnt both by step 300-400 for seeds 1-5, at a tenth of the seconds a step (docs/learning.md).
+learnt both by step 300-400 for seeds 1-5, at a tenth of the seconds a step (docs/benchmarks.md, "An agent learns a tool").
 
 What it is not: the agent or its tool (``examples/agents/lookup_agent.py`` keeps its own copy of the
 tool schema, so the agent imports nothing of rollflow; ``tests/data/test_tool_lookup.py`` checks the
