@@ -1,11 +1,11 @@
-"""tasks.servers.weights_roots: where a launched server may load weights from."""
+"""infra.launch.weights_roots: where a launched server may load weights from."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from infra.launch import weights_roots
 from rollflow.configuration.loader import load_config
-from tasks.servers import weights_roots
 
 
 def test_weights_roots_are_the_local_store_and_the_cache() -> None:
