@@ -113,3 +113,12 @@ def report(name: str, figures: dict[str, float], details: dict[str, Any]) -> Pat
     out.write_text(json.dumps({k: round(v, 4) for k, v in figures.items()}, indent=1) + "\n")
     (RESULTS_DIR / f"{name}_details.json").write_text(json.dumps(details, indent=1, sort_keys=True) + "\n")
     return out
+
+
+def unwarmed_tiny_model(out: Path) -> Path:
+    """The embedded default's tiny Llama at ``out``, without the warm start (for benches where the weights
+    do not matter, only the shapes and the server path)."""
+    from rollflow.api.config import TinyModelConfig
+    from rollflow.models import bootstrap_tiny_model
+
+    return bootstrap_tiny_model(TinyModelConfig(warm_start_steps=0), out, seed=0)

@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from bench._common import report
+from bench._common import report, unwarmed_tiny_model
 from rollflow.agents.endpoint import AgentEndpoint
 from rollflow.agents.recorder import EpisodeLimits
 from rollflow.api.inference import GenerateRequest, SamplingParams
@@ -136,12 +136,11 @@ def main() -> None:
         args.reps, args.calls = 1, 10
     from transformers import AutoTokenizer
 
-    from bench.rollout import tiny_model
     from infra.servers import launch_local_servers
     from rollflow.api.config import InferenceConfig
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = tiny_model(Path(tmp) / "model")
+        model_dir = unwarmed_tiny_model(Path(tmp) / "model")
         tok = AutoTokenizer.from_pretrained(model_dir)
         icfg = InferenceConfig(n_servers=1, server_threads=1, max_batch_size=64)
         with launch_local_servers(icfg, model_dir) as servers:

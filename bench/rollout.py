@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import agent_endpoint
-from bench._common import report
+from bench._common import report, unwarmed_tiny_model
 from rollflow.api.config import InferenceConfig
 from rollflow.api.inference import GenerateRequest, SamplingParams
 from rollflow.inference.client import EngineClient
@@ -47,14 +47,6 @@ from rollflow.workflows.blocks import render_chat
 from rollflow.workflows.rlvr import RLVRWorkflow
 from storage.fs import Storage
 from storage.shard_writer import ShardWriter
-
-
-def tiny_model(out: Path) -> Path:
-    """The embedded default's tiny Llama, without the warm start (weights do not matter here)."""
-    from rollflow.api.config import TinyModelConfig
-    from rollflow.models import bootstrap_tiny_model
-
-    return bootstrap_tiny_model(TinyModelConfig(warm_start_steps=0), out, seed=0)
 
 
 def prompts(n: int, seed: int) -> list[dict[str, Any]]:
@@ -130,7 +122,7 @@ def main() -> None:
     from infra.servers import launch_local_servers
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = tiny_model(Path(tmp) / "model")
+        model_dir = unwarmed_tiny_model(Path(tmp) / "model")
         tok = AutoTokenizer.from_pretrained(model_dir)
         sp = SamplingParams(max_new_tokens=args.tokens, temperature=1.0, ignore_eos=True)
         runner = AsyncRewardRunner(synthetic_reward_fn, max_workers=1, timeout_s=10.0)

@@ -47,6 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from infra.supervisor import Supervisor
 from rollflow.api.config import INFERENCE_WEIGHTS_ROOTS_ENV as WEIGHTS_ROOTS_ENV
 from rollflow.api.config import InferenceConfig
 from rollflow.api.errors import ServerStartupError
@@ -132,7 +133,7 @@ class ServerGroup:
         self._env = env  # the children's environment, for a restart (may hold the API key: never logged)
         self.scratch_dir = scratch_dir  # removed by stop()
         self.on_healthy = on_healthy  # called with each server's address once it answers /health
-        self.supervisor: Any = None  # an infra.supervisor.Supervisor once supervise() was called
+        self.supervisor: Supervisor | None = None  # once supervise() was called
         self.stopping = False
 
     @property
@@ -187,10 +188,8 @@ class ServerGroup:
         self.servers[index] = new
         return new
 
-    def supervise(self, **kw: Any) -> Any:
+    def supervise(self, **kw: Any) -> Supervisor:
         """Start (once) and return an ``infra.supervisor.Supervisor`` over this group; ``stop()`` ends it."""
-        from infra.supervisor import Supervisor
-
         if self.supervisor is None:
             self.supervisor = Supervisor(self, **kw)
             self.supervisor.start()

@@ -31,15 +31,38 @@ Example::
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
 from rollflow.api.errors import ServerLostError, ServerStartupError
 
-if TYPE_CHECKING:
-    from infra.servers import ServerGroup
-
 logger = logging.getLogger(__name__)
+
+
+class SupervisedServer(Protocol):
+    """One launched server as the supervisor sees it (``infra.servers.ServerProcess``)."""
+
+    address: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, n_lines: int = 30) -> str: ...
+
+
+class SupervisedGroup(Protocol):
+    """What a supervisor needs of the servers it keeps alive (``infra.servers.ServerGroup``)."""
+
+    @property
+    def servers(self) -> Sequence[SupervisedServer]: ...
+
+    def respawn(self, index: int) -> Any: ...
+
+    def wait_healthy(self, timeout_s: float, *, only: list[int] | None = None) -> None: ...
+
+    def kill(self, index: int) -> None: ...
 
 
 class FleetListener(Protocol):
@@ -55,11 +78,11 @@ class FleetListener(Protocol):
 
 
 class Supervisor:
-    """Restart-or-give-up policy over one ``ServerGroup`` (see the module docstring). Thread-safe."""
+    """Restart-or-give-up policy over one ``SupervisedGroup`` (see the module docstring). Thread-safe."""
 
     def __init__(
         self,
-        group: ServerGroup,
+        group: SupervisedGroup,
         *,
         max_restarts: int = 3,
         interval_s: float = 0.5,

@@ -19,6 +19,8 @@ What it is:
 
   The first is retention (falling means the policy forgets what it knew); the second is learning.
   A half with no problem is left out rather than reported as 0.
+* ``EvalResult``: one evaluation's figures (accuracy, mean reward, the versions that generated, the rows
+  scored, the reward errors and timeouts, ``eval_set``) and its ``retention`` against a base split.
 
 What it is not: the evaluation itself (``rollflow.evaluation``) nor where these are stored
 (``rollflow.trial_record``); nothing here does I/O.
@@ -29,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -93,3 +95,27 @@ class BaseSplit:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> BaseSplit:
         return cls(str(doc["eval_set"]), tuple(bool(s) for s in doc["solved"]), float(doc["correct_reward"]))
+
+
+@dataclass
+class EvalResult:
+    accuracy: float
+    mean_reward: float
+    n: int
+    versions: dict[int, int]  # policy version -> number of completions generated under it
+    seconds: float
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    reward_errors: int = 0  # rewards that raised, returned a bad value or got no worker (scored 0)
+    reward_timeouts: int = 0  # rewards that ran past the runner's timeout (scored 0)
+    binary: bool = True  # every reward was 0 or >= the correct threshold (rollflow.eval_scores)
+    eval_set: str = ""  # digest of the held-out rows scored (eval_set_digest); "" = not known
+
+    def retention(self, split: BaseSplit | None) -> dict[str, float]:
+        """``accuracy_base_solved`` / ``accuracy_base_unsolved`` against the trial's base split ({} without
+        one, or for another evaluation set)."""
+        return {} if split is None else split.accuracies(self.rows, self.eval_set)
+
+    @property
+    def version(self) -> int:
+        """The policy version most completions came from."""
+        return max(self.versions, key=lambda v: self.versions[v]) if self.versions else -1

@@ -30,12 +30,11 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rollflow.api.inference import GenerateRequest, InferenceClient, SamplingParams
 from rollflow.api.rewards import RewardScorer
-from rollflow.eval_scores import BaseSplit, eval_set_digest, score_rewards
+from rollflow.eval_scores import EvalResult, eval_set_digest, score_rewards
 from rollflow.inference.contract import Engine
 from rollflow.inference.sglang import SGLangEngine
 from rollflow.workflows.blocks import render_chat
@@ -44,30 +43,6 @@ if TYPE_CHECKING:
     from rollflow.api.config import ExperimentConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EvalResult:
-    accuracy: float
-    mean_reward: float
-    n: int
-    versions: dict[int, int]  # policy version -> number of completions generated under it
-    seconds: float
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    reward_errors: int = 0  # rewards that raised, returned a bad value or got no worker (scored 0)
-    reward_timeouts: int = 0  # rewards that ran past the runner's timeout (scored 0)
-    binary: bool = True  # every reward was 0 or >= the correct threshold (rollflow.eval_scores)
-    eval_set: str = ""  # digest of the held-out rows scored (eval_set_digest); "" = not known
-
-    def retention(self, split: BaseSplit | None) -> dict[str, float]:
-        """``accuracy_base_solved`` / ``accuracy_base_unsolved`` against the trial's base split ({} without
-        one, or for another evaluation set)."""
-        return {} if split is None else split.accuracies(self.rows, self.eval_set)
-
-    @property
-    def version(self) -> int:
-        """The policy version most completions came from."""
-        return max(self.versions, key=lambda v: self.versions[v]) if self.versions else -1
 
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:

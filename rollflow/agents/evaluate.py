@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from rollflow.api.inference import InferenceClient, SamplingParams
 from rollflow.api.workflow import import_string
+from rollflow.eval_scores import EvalResult
 
 if TYPE_CHECKING:
     from rollflow.api.config import ExperimentConfig
-    from rollflow.evaluation import EvalResult
 
 
 def is_agent_workflow(spec: str) -> bool:
@@ -46,7 +46,6 @@ async def aevaluate_agent(
     concurrency: int = 64,
 ) -> EvalResult:
     """Run the agent once per prompt (module docstring)."""
-    from rollflow.evaluation import EvalResult
     from rollflow.workflows.agent import AgentWorkflow
 
     if not prompts:

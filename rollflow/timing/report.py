@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.timing.clock import Timeline
 from rollflow.timing.cpu import CoreMeter, ProcessMeter
-from rollflow.timing.servers import ServerMeter
+from rollflow.inference.server_meter import ServerMeter
 
 logger = logging.getLogger(__name__)
 

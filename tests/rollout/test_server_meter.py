@@ -7,7 +7,7 @@ from typing import Any
 
 from rollflow.api.inference import GenerateRequest, SamplingParams
 from rollflow.inference.client import EngineClient
-from rollflow.timing.servers import ServerMeter
+from rollflow.inference.server_meter import ServerMeter
 
 
 def test_server_meter_reads_a_real_cpu_server(cpu_server: Any) -> None:
