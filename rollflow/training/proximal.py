@@ -36,6 +36,10 @@ Worked cases (the tests check these numbers):
 * V = 4, v_b = 2, U = 2, u = 1 (second minibatch): v_c = 4.5, alpha = 2 / 2.5 = 0.8; a behaviour
   logprob of -2.0 and a current one of -1.0 give -2.0 + 0.8 * 1.0 = -1.2.
 
+What an error costs: the loss's unclipped term w * r = exp(prox - behav) * exp(logp - prox) =
+exp(logp - behav) does not depend on the proximal at all; the proximal logprob acts only through the PPO
+clip (where r = exp(logp - prox) leaves [1 - eps, 1 + eps_high]) and the importance-weight cap.
+
 Where it is wrong: the line is a first-order picture; the error grows with the updates between v_b and
 theta (staleness, and several minibatches or passes per step), and the importance-weight cap
 ``exp(prox - behav) <= train.behav_imp_weight_cap`` then acts on an estimate. Dropout (``train.lora.dropout``)
