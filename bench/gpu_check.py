@@ -119,6 +119,7 @@ def synthetic_batch(s: Settings, vocab: int, seed: int = 0) -> Any:
         attention_mask=torch.ones(n, t, dtype=torch.bool),
         loss_mask=loss_mask,
         behav_logp=-math.log(vocab) * loss_mask,
+        versions=torch.where(loss_mask > 0, 0, -1),  # [B, T] all sampled by v0
         rewards=(torch.rand(n, generator=gen) < 0.5).float(),
         group_index=torch.arange(n) // s.group_size,
         groups=groups,

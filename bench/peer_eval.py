@@ -9,7 +9,7 @@ render them; the reward is called as rollflow calls it (``rollflow.rewards.proto
 message, the completion decoded with special tokens skipped, the answer and the row's other fields;
 a reward that raises scores 0. Both systems' snapshots go through this one function, so neither is
 scored by its own code. Plus the pure curve functions the harness
-prints: value at a time, first time a level is reached, medians, and ``base_split_accuracies``: retention
+prints: value at a time (or at the snapshot nearest a mark), first time a level is reached, medians, and ``base_split_accuracies``: retention
 (accuracy on the held-out problems the starting model solved) and learning (on those it did not).
 
 What it is not: the product's evaluation (``rollflow.evaluation`` scores whatever the inference servers
@@ -138,6 +138,30 @@ def value_at(curve: Curve, t: float, *, final_from: float | None = None) -> floa
         return curve[-1][1]
     before = [a for s, a in curve if s <= t + 1e-9]
     return before[-1] if before else math.nan
+
+
+def value_near(curve: Curve, t: float, *, within: float, final_from: float | None = None) -> float:
+    """Accuracy of the snapshot nearest the mark ``t`` (a table's evaluation time); NaN if none is within
+    ``within`` seconds of it. Ties go to the earlier snapshot; ``final_from`` as in ``value_at``.
+
+    A snapshot is taken at a step end, a little after or before the time it was meant for, so "the last
+    point at or before t" would read the snapshot of the previous mark whenever it lands late (a 30 s
+    snapshot at 30.3 s makes acc@30s the 0 s score). The nearest one is the run at that mark; ``within``
+    (``mark_window``) keeps a run without a snapshot near the mark from lending it another mark's value.
+    """
+    if final_from is not None and curve and curve[-1][0] >= final_from:
+        return curve[-1][1]
+    near = min(curve, key=lambda p: (abs(p[0] - t), p[0]), default=None)
+    return near[1] if near is not None and abs(near[0] - t) <= within + 1e-9 else math.nan
+
+
+def mark_window(marks: Sequence[float]) -> float:
+    """How far from a mark ``value_near`` may look: half the smallest spacing between the marks, the start
+    (0 s) counting as one. Marks 30, 60, 120, 180, 240 s: gaps 30, 30, 60, 60, 60 -> 15 s. So a snapshot
+    read for a mark is at least as near to it as to any other mark."""
+    points = sorted({0.0, *marks})
+    gaps = [b - a for a, b in zip(points, points[1:], strict=False) if b > a]
+    return min(gaps) / 2 if gaps else math.inf
 
 
 def time_to(curve: Curve, level: float) -> float:

@@ -5,7 +5,11 @@ family); ``table(docs, times, horizon)`` gives the rows family x system with
 
 * ``base``: the starting policy's held-out accuracy, which is also the share of held-out problems it
   solves (the greedy base run decides the solved / unsolved split);
-* ``acc@t``: median held-out accuracy over the seeds at each evaluation time ``t`` (min..max beside it);
+* ``acc@t``: median held-out accuracy over the seeds at each evaluation time ``t`` (min..max beside it),
+  each run read at its snapshot nearest ``t`` (``peer_eval.value_near``; ties: the earlier one), never one
+  farther than half the smallest spacing between the marks (0 s counting as a mark: 15 s for 30, 60, 120,
+  180 and 240 s); a run with none that near is left out of that median. At the horizon a run's final
+  point counts (it stops at the first step end past it);
 * ``t_trl_final``: rollflow's median time to TRL's median final accuracy, as a share of the horizon
   (``time_to_trl_final_ratio``; <= 0.5 is the target on half the test families); ``n/a`` when TRL ended
   at or below the base, where any curve "reaches" it at 0 s;
@@ -29,7 +33,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.peer_eval import median, value_at
+from bench.peer_eval import mark_window, median, value_at, value_near
 
 SYSTEMS = ("trl", "rollflow")
 COLORS = {"trl": "tab:orange", "rollflow": "tab:blue"}
@@ -49,9 +53,14 @@ def _runs(doc: dict[str, Any], system: str) -> list[dict[str, Any]]:
     return [r for r in doc["runs"] if r["system"] == system]
 
 
-def _at(runs: list[dict[str, Any]], t: float, horizon: float, i: int | None = None) -> list[float]:
-    """Each run's accuracy at ``t`` (``i``: a column of its retention curve instead: 1 solved, 2 unsolved)."""
+def _at(
+    runs: list[dict[str, Any]], t: float, horizon: float, i: int | None = None, *, within: float | None = None
+) -> list[float]:
+    """Each run's accuracy at ``t`` (``i``: a column of its retention curve instead: 1 solved, 2 unsolved);
+    ``within``: the snapshot nearest the mark ``t``, not the last one before it (``value_near``)."""
     final = horizon if t >= horizon else None
+    if i is None and within is not None:
+        return [value_near(r["curve"], t, within=within, final_from=final) for r in runs]
     if i is None:
         return [value_at(r["curve"], t, final_from=final) for r in runs]
     return [value_at([(p[0], p[i]) for p in r.get("retention", [])], t, final_from=final) for r in runs]
@@ -73,9 +82,10 @@ def table(
     head += ["t_trl_final", "c_to_0.8", "retention", "unsolved", "compl/s", "cores", ">= trl"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     keys: dict[str, str] = {}
+    within = mark_window(times)
     for name, doc in docs.items():
         summary = doc.get("summary", {})
-        medians = {s: [median(_at(_runs(doc, s), t, horizon)) for t in times] for s in SYSTEMS}
+        medians = {s: [median(_at(_runs(doc, s), t, horizon, within=within)) for t in times] for s in SYSTEMS}
         base = float(doc.get("base_acc", math.nan))
         t_final = summary.get("time_to_trl_final_ratio", "-")
         trl_final = median(_at(_runs(doc, "trl"), horizon, horizon)) if _runs(doc, "trl") else math.nan
@@ -85,7 +95,7 @@ def table(
             rs = _runs(doc, system)
             if not rs:
                 continue
-            accs = [_at(rs, t, horizon) for t in times]
+            accs = [_at(rs, t, horizon, within=within) for t in times]
             ge = "-"
             if system == "rollflow" and _runs(doc, "trl"):
                 pairs = [

@@ -4,7 +4,8 @@ What it is: ``PolicyActor`` with the three model-side phases of a step, in the o
 them (AReaL's compute_logp / compute_advantages / ppo_update):
 
 1. ``compute_logp`` (no grad): proximal logprobs of the current weights, or reference logprobs with the
-   frozen reference model, for this rank's rows only;
+   frozen reference model, for this rank's rows only (with ``train.proximal: approx`` the trainer skips
+   the proximal pass and ``ppo_update`` interpolates them per token: ``proximal.py``);
 2. ``compute_advantages``: group-normalised advantages for the whole batch (cheap, done on every rank);
 3. ``ppo_update``: for each PPO minibatch, gradient accumulation over this rank's micro-batches, one
    all-reduce (DDP) / reduce-scatter (FSDP2) on the last micro-batch, grad clipping, one AdamW step.
@@ -36,6 +37,7 @@ from rollflow.training.kl import kl_estimate
 from rollflow.training.logprobs import forward_logprobs
 from rollflow.training.losses import aggregate, ppo_actor_loss
 from rollflow.training.microbatch import MinibatchPlan
+from rollflow.training.proximal import approx_proximal_logp, weights_version
 
 logger = logging.getLogger(__name__)
 
@@ -141,17 +143,28 @@ class PolicyActor:
             return n_seqs * self.loss_max_tokens  # Dr.GRPO: N_seqs * L, L constant (losses.py)
         return n_seqs
 
-    def ppo_update(self, batch: TrainBatch, plans: list[MinibatchPlan]) -> dict[str, float]:
+    def ppo_update(
+        self, batch: TrainBatch, plans: list[MinibatchPlan], *, version: int | None = None
+    ) -> dict[str, float]:
         """``train.ppo_epochs`` passes over the batch, one AdamW update per minibatch in each pass.
 
         Returns the step's metrics reduced over ranks and averaged over every update (see trainer docs).
         Later passes reuse the same behaviour and proximal logprobs: the ratio pi_theta / pi_prox then
         moves away from 1 and the PPO clip bounds how far each reuse can push (off-policy reuse of the
         batch, GRPO's mu iterations). The lr schedule advances once per step, not once per pass.
+
+        ``version``: the trainer's version V at the step's start, which ``train.proximal: approx`` needs
+        (the proximal logprobs are then interpolated from each micro-batch's own forward, no
+        ``batch.prox_logp``; ``proximal.py``).
         """
         assert batch.advantages is not None, "compute_advantages first"
         cfg, ctx, dev = self.cfg, self.ctx, self.ctx.device
-        decoupled = cfg.use_decoupled_loss and batch.prox_logp is not None
+        approx = cfg.use_decoupled_loss and cfg.proximal == "approx"
+        if approx and version is None:
+            raise ValueError("train.proximal 'approx' needs ppo_update(..., version=the trainer's version)")
+        decoupled = cfg.use_decoupled_loss and (approx or batch.prox_logp is not None)
+        per_step = len(plans) * cfg.ppo_epochs  # optimizer updates this step: U of proximal.py
+        applied = 0
         self.model.train()
         sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float64, device=dev))
         w_max = torch.zeros((), dtype=torch.float64, device=dev)
@@ -174,7 +187,13 @@ class PolicyActor:
                         logp, entropy = forward_logprobs(
                             self.model, mb.input_ids, temperature=self.temperature, entropy_mask=mask
                         )
-                    prox = mb.prox_logp if decoupled else mb.behav_logp  # [b, t]
+                    if approx:  # the weights sit at v_c = V + u / U, u = the updates applied so far
+                        v_c = weights_version(version, applied, per_step)  # type: ignore[arg-type]
+                        prox = approx_proximal_logp(
+                            mb.behav_logp, logp, mb.versions, proximal_version=version, current_version=v_c
+                        )  # type: ignore[arg-type]  # [b, t]
+                    else:
+                        prox = mb.prox_logp if decoupled else mb.behav_logp  # [b, t]
                     adv = mb.advantages[:, None].expand_as(mask)  # type: ignore[index]  # [b, t]
                     res = ppo_actor_loss(
                         logp,
@@ -212,6 +231,7 @@ class PolicyActor:
             grad_norms.append(gn)
             if math.isfinite(gn):
                 self.optimizer.step()
+                applied += 1
             else:  # every rank sees the same (all-reduced) norm, so every rank skips together
                 skipped += 1
                 logger.warning("non-finite grad norm %s: skipping this optimizer update", gn)

@@ -28,7 +28,9 @@ from rollflow.api.errors import TrainerError
 
 logger = logging.getLogger(__name__)
 
-_TENSOR_FIELDS = ("input_ids", "attention_mask", "loss_mask", "behav_logp", "rewards", "group_index")
+_TENSOR_FIELDS = (
+    "input_ids", "attention_mask", "loss_mask", "behav_logp", "versions", "rewards", "group_index",
+)  # fmt: skip
 _OPTIONAL_FIELDS = ("prox_logp", "ref_logp", "advantages")
 
 
@@ -50,6 +52,7 @@ class TrainBatch:
     attention_mask: torch.Tensor  # [B, T] bool
     loss_mask: torch.Tensor  # [B, T] float32, 1 on policy tokens (never position 0 or pads)
     behav_logp: torch.Tensor  # [B, T] float32 behaviour logprob of token t (0 where loss_mask = 0)
+    versions: torch.Tensor  # [B, T] int64 policy version that sampled token t (-1 where loss_mask = 0)
     rewards: torch.Tensor  # [B] float32 raw rewards
     group_index: torch.Tensor  # [B] int64, index into ``groups`` (0..G-1 within this batch)
     groups: list[GroupInfo] = field(default_factory=list)
@@ -92,6 +95,7 @@ class TrainBatch:
             attention_mask=am[:, :t],
             loss_mask=take(self.loss_mask),  # type: ignore[arg-type]
             behav_logp=take(self.behav_logp),  # type: ignore[arg-type]
+            versions=take(self.versions),  # type: ignore[arg-type]
             rewards=take(self.rewards),  # type: ignore[arg-type]
             group_index=take(self.group_index),  # type: ignore[arg-type]
             groups=[],
@@ -149,13 +153,14 @@ def build_batch(groups: Sequence[Any], *, pad_id: int = 0) -> TrainBatch:
     attention = torch.zeros((b, t), dtype=torch.bool)  # [B, T]
     loss_mask = torch.zeros((b, t), dtype=torch.float32)  # [B, T]
     behav = torch.zeros((b, t), dtype=torch.float32)  # [B, T]
+    versions = torch.full((b, t), -1, dtype=torch.long)  # [B, T]
     forced = 0
     for i, r in enumerate(rows):
         n = lens[i]
-        if not (len(r.loss_mask) == len(r.logprobs) == n):
+        if not (len(r.loss_mask) == len(r.logprobs) == len(r.versions) == n):
             raise TrainerError(
-                f"trajectory {getattr(r, 'traj_id', i)!r}: input_ids/loss_mask/logprobs lengths differ "
-                f"({n}, {len(r.loss_mask)}, {len(r.logprobs)})"
+                f"trajectory {getattr(r, 'traj_id', i)!r}: input_ids/loss_mask/logprobs/versions lengths "
+                f"differ ({n}, {len(r.loss_mask)}, {len(r.logprobs)}, {len(r.versions)})"
             )
         if n == 0:
             continue
@@ -167,6 +172,7 @@ def build_batch(groups: Sequence[Any], *, pad_id: int = 0) -> TrainBatch:
             m[0] = 0.0
         loss_mask[i, :n] = m
         behav[i, :n] = torch.as_tensor(r.logprobs, dtype=torch.float32) * m
+        versions[i, :n] = torch.where(m > 0, torch.as_tensor(r.versions, dtype=torch.long), -1)
     if forced:
         logger.warning(
             "%d row(s) had loss_mask[0] = 1; the first token has no prediction, masked out", forced
@@ -178,6 +184,7 @@ def build_batch(groups: Sequence[Any], *, pad_id: int = 0) -> TrainBatch:
         attention_mask=attention,
         loss_mask=loss_mask,
         behav_logp=behav,
+        versions=versions,
         rewards=rewards,
         group_index=group_index,
         groups=infos,

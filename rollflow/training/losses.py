@@ -3,8 +3,8 @@
 What it is: pure tensor functions over [B, T] per-token tensors. No model, no optimizer, no config.
 What it is not: the KL penalty (``kl.py``), advantages (``advantages.py``) or the training loop.
 
-Per token t with advantage A, current logp, proximal logp (recomputed by the trainer before the update,
-no grad) and behaviour logp (from the inference server that sampled the token):
+Per token t with advantage A, current logp, proximal logp (the step's starting policy, no grad; see below)
+and behaviour logp (from the inference server that sampled the token):
 
     r      = exp(logp - prox_logp)                                  ratio against the proximal policy
     s1     = -A * r
@@ -15,6 +15,13 @@ no grad) and behaviour logp (from the inference server that sampled the token):
     cap:   mask     -> tokens with w > cap contribute 0
            truncate -> w = min(w, cap)
     loss_t = w * pg  on tokens with loss_mask = 1, else 0
+
+Where prox_logp comes from (``train.proximal``): by default (``forward``) a no-grad forward pass of the
+step's starting weights, one per micro-batch before the update. ``approx`` (opt-in; A-3PO) skips that
+pass and interpolates each token's proximal logprob in log space between its behaviour logprob and the
+current logp (detached), by how many versions the token is behind: ``proximal.py`` has the formula, its
+assumptions and worked numbers. With one minibatch and one pass per step it gives the forward pass's
+values on every off-policy token; on-policy tokens take their behaviour logprob (``w = 1``).
 
 With the decoupled loss off the caller passes ``prox_logp = behav_logp``, so ``w = 1`` and this is
 standard PPO with ratio ``exp(logp - behav_logp)``. The log ratio is clamped to [-20, 20] before exp

@@ -7,7 +7,8 @@ What it is: ``Trainer(cfg, storage, ...).run()``. One step, with ``version`` = t
    (rank 0 reads, then broadcasts the padded batch to the other ranks as safetensors bytes);
 2. plan: PPO minibatches balanced by tokens, each split across ranks by tokens, each rank's share packed
    into micro-batches of <= train.max_tokens_per_mb tokens by first-fit decreasing (groups never split);
-3. advantages, proximal logprobs (decoupled loss), reference logprobs (kl_ctl > 0), PPO update(s).
+3. advantages, proximal logprobs (decoupled loss; none with ``train.proximal: approx``, which
+   interpolates them inside the update: ``proximal.py``), reference logprobs (kl_ctl > 0), PPO update(s).
    Without a KL term, groups whose advantages are all 0 (every reward equal) are left out of the
    forward and backward passes: their loss is identically 0, and the loss is still normalised by the
    tokens of the whole minibatch, so the gradient is unchanged (``microbatch.keep_groups``). Under a
@@ -391,11 +392,11 @@ class Trainer:
         signal = signal_groups(batch)
         if self.ref_model is None:  # no KL term: a zero-advantage group has an identically zero loss
             plans = keep_groups(plans, signal, keep_empty=ctx.world_size > 1)
-        if tcfg.use_decoupled_loss:
+        if tcfg.use_decoupled_loss and tcfg.proximal == "forward":  # "approx": ppo_update interpolates
             batch.prox_logp = self.actor.compute_logp(self.model, batch, plans)
         if self.ref_model is not None:
             batch.ref_logp = self.actor.compute_logp(self.ref_model, batch, plans)
-        stats = self.actor.ppo_update(batch, plans)
+        stats = self.actor.ppo_update(batch, plans, version=self.version)
         self.version += 1
         compute_s = time.perf_counter() - t0
         self.clock.enter("publishing")

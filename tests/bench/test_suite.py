@@ -6,10 +6,12 @@ the whole path (warm start, both systems, scoring) is the smoke run in bench/sui
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
+from bench.peer_eval import mark_window, value_near
 from bench.suite.families import FAMILIES, candidate_overrides, family_config, select
 from bench.suite.report import table
 from rollflow.configuration.loader import load_config
@@ -79,3 +81,34 @@ def test_the_table_reads_medians_at_each_time_and_compares_with_trl() -> None:
         table({"fam": doc}, {"fam": "test"}, [30.0, 60.0], 60.0)[1]["suite_fam_time_to_trl_final_ratio"]
         == "n/a"
     )
+
+
+def test_the_table_reads_each_mark_at_the_nearest_snapshot() -> None:
+    """Snapshots land a little after their mark (TRL here) or a little before it (rollflow); each mark
+    reads the run's snapshot nearest it, never the previous mark's (marks 30, 60, 90 s, horizon 90 s)."""
+    doc = {
+        "base_acc": 0.2,
+        "summary": {},
+        "runs": [
+            _run("trl", 1, [(0.0, 0.2), (30.6, 0.4), (61.2, 0.6), (91.0, 0.8)], 0.9),  # late
+            _run("trl", 2, [(0.0, 0.2), (31.0, 0.3), (60.5, 0.5), (90.4, 0.7)], 0.9),  # late
+            _run("rollflow", 1, [(0.0, 0.2), (29.5, 0.5), (59.8, 0.7), (90.5, 0.9)], 0.9),  # early
+            _run("rollflow", 2, [(0.0, 0.2), (29.9, 0.3), (59.0, 0.6), (90.2, 0.8)], 0.9),  # early
+        ],
+    }
+    keys = table({"fam": doc}, {"fam": "test"}, [30.0, 60.0, 90.0], 90.0)[1]
+    # trl at 30 s: 30.6 -> 0.4, 31.0 -> 0.3: median 0.35 (the last snapshot before 30 s is the 0 s score, 0.2);
+    # at 60 s: 61.2 -> 0.6, 60.5 -> 0.5: 0.55 (not the 30 s scores' 0.35); at 90 s the final points: 0.75
+    assert [keys[f"suite_fam_trl_acc_at_{t}s"] for t in (30, 60, 90)] == ["0.350", "0.550", "0.750"]
+    # rollflow at 30 s: 29.5 -> 0.5, 29.9 -> 0.3: 0.4; at 60 s: 59.8 -> 0.7, 59.0 -> 0.6: 0.65; at 90 s: 0.85
+    assert [keys[f"suite_fam_rollflow_acc_at_{t}s"] for t in (30, 60, 90)] == ["0.400", "0.650", "0.850"]
+
+
+def test_nearest_snapshot_ties_go_earlier_and_none_is_read_from_too_far() -> None:
+    assert mark_window([30.0, 60.0, 120.0, 180.0, 240.0]) == 15.0  # half of the smallest gap (0-30, 30-60)
+    assert mark_window([100.0, 300.0]) == 50.0  # gaps 100 (from the start), 200
+    curve = [(0.0, 0.1), (25.0, 0.2), (35.0, 0.3), (80.0, 0.4)]
+    assert value_near(curve, 30.0, within=15.0) == 0.2  # 25 and 35 are both 5 s away: the earlier one
+    assert value_near(curve, 34.0, within=15.0) == 0.3  # 35 is 1 s away, 25 is 9 s away
+    assert math.isnan(value_near(curve, 60.0, within=15.0))  # nearest is 80 (20 s away) > 15
+    assert value_near(curve, 60.0, within=15.0, final_from=60.0) == 0.4  # the final point past the horizon

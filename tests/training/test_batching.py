@@ -42,6 +42,7 @@ def test_build_batch_pads_right_and_masks() -> None:
     assert b.attention_mask.sum(-1).tolist() == [3, 2, 5]
     assert b.loss_mask.tolist() == [[0, 1, 1, 0, 0], [0, 1, 0, 0, 0], [0, 1, 1, 0, 1]]
     assert b.behav_logp[2].tolist() == [0, -1, -1, 0, -3]
+    assert b.versions.tolist() == [[-1, 3, 3, -1, -1], [-1, 3, -1, -1, -1], [-1, 3, 3, -1, 3]]  # -1 off loss
     assert b.rewards.tolist() == [1.0, 0.0, 0.5]
     assert b.group_index.tolist() == [0, 1, 1]
     assert [(g.group_id, g.rows, g.n_tokens, g.head_version) for g in b.groups] == [
@@ -52,6 +53,7 @@ def test_build_batch_pads_right_and_masks() -> None:
 
     sub = b.select(b.rows_of([0]))  # trimmed to its own longest row
     assert sub.input_ids.shape == (1, 3) and sub.loss_mask.tolist() == [[0, 1, 1]]
+    assert sub.versions.tolist() == [[-1, 3, 3]]
 
 
 def test_first_token_is_never_a_loss_token(caplog: pytest.LogCaptureFixture) -> None:
@@ -72,6 +74,14 @@ def test_malformed_row_raises() -> None:
 def test_bytes_roundtrip_is_exact() -> None:
     b = build_batch([make_group("g1", n=3), make_group("g2", n=2)])
     again = TrainBatch.from_bytes(b.to_bytes())
-    for name in ("input_ids", "attention_mask", "loss_mask", "behav_logp", "rewards", "group_index"):
+    for name in (
+        "input_ids",
+        "attention_mask",
+        "loss_mask",
+        "behav_logp",
+        "versions",
+        "rewards",
+        "group_index",
+    ):
         assert torch.equal(getattr(again, name), getattr(b, name)), name
     assert again.groups == b.groups

@@ -109,9 +109,9 @@ def test_warm_start_trains_on_the_source_groups_then_online(setup) -> None:  # n
             super()._setup()
             update = self.actor.ppo_update
 
-            def capture(batch, plans):  # noqa: ANN001, ANN202
+            def capture(batch, plans, **kw):  # noqa: ANN001, ANN003, ANN202
                 seen.append(batch)
-                return update(batch, plans)
+                return update(batch, plans, **kw)
 
             self.actor.ppo_update = capture  # type: ignore[method-assign]
 

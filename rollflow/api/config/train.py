@@ -174,6 +174,19 @@ class TrainConfig:
             "distribution, so with filtering exp(prox - behav) is not the importance weight."
         ),
     )
+    proximal: Literal["forward", "approx"] = field(
+        default="forward",
+        metadata=help_(
+            "Where the decoupled loss's proximal logprobs come from. forward: a no-grad forward pass of the "
+            "step's starting weights over the batch, one per micro-batch (exact). approx: no pass; each "
+            "token's proximal logprob is interpolated in log space between its behaviour logprob and the "
+            "current policy's, by how many versions the token is behind (A-3PO, arXiv 2512.06547; formula "
+            "and assumptions in rollflow/training/proximal.py). With one minibatch and one pass per step "
+            "it equals forward on every off-policy token, and on-policy tokens take their behaviour "
+            "logprob. Opt-in until it wins on the suite's test families (never run there). Needs "
+            "use_decoupled_loss; not with warm_start_from."
+        ),
+    )
     behav_imp_weight_cap: float | None = field(
         default=5.0, metadata=help_("Cap of the behaviour importance weight; None = uncapped.")
     )
@@ -276,6 +289,19 @@ class TrainConfig:
             check(self.c_clip > 1, "train.c_clip", "must be > 1 (3.0 is the dual-clip default) or null")
         if self.behav_imp_weight_cap is not None:
             check(self.behav_imp_weight_cap > 1, "train.behav_imp_weight_cap", "must be > 1 or null")
+        if self.proximal == "approx":
+            check(
+                self.use_decoupled_loss,
+                "train.proximal",
+                "'approx' needs train.use_decoupled_loss: true (without it the behaviour logprobs are the "
+                "proximal ones and there is no pass to skip); set train.proximal: forward",
+            )
+            check(
+                not self.warm_start_from.enabled,
+                "train.proximal",
+                "'approx' cannot place an earlier trial's groups (their versions count that trial's steps); "
+                "with train.warm_start_from set train.proximal: forward",
+            )
         check(self.kl_ctl >= 0, "train.kl_ctl", "must be >= 0")
         check(self.checkpoint_every >= 1, "train.checkpoint_every", "must be >= 1")
         check(self.resume_every >= 1, "train.resume_every", "must be >= 1")
