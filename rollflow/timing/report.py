@@ -21,9 +21,9 @@ import threading
 from collections.abc import Sequence
 
 from rollflow.api.metrics import MetricsSink, NullSink
+from rollflow.inference.server_meter import ServerMeter
 from rollflow.timing.clock import Timeline
 from rollflow.timing.cpu import CoreMeter, ProcessMeter
-from rollflow.inference.server_meter import ServerMeter
 
 logger = logging.getLogger(__name__)
 

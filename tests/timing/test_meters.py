@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from rollflow.inference.server_meter import engine_counters, interval_figures
 from rollflow.timing.cpu import CoreMeter, ProcessMeter, process_cpu_s, read_core_jiffies
 from rollflow.timing.report import TimingReporter, bounds
-from rollflow.inference.server_meter import engine_counters, interval_figures
 
 STAT = """cpu  300 0 100 600 0 0 0 0 0 0
 cpu0 100 0 50 300 50 0 0 0 0 0
