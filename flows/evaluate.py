@@ -18,6 +18,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows.run_name import evaluate_run_name
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.trial_storage import open_trial_storage
 from tasks.bootstrap import bootstrap_model
@@ -32,7 +33,11 @@ from tasks.runtime import (
 from tasks.servers import start_servers, stop_servers
 
 
-@flow(name="evaluate", log_prints=True)
+@flow(
+    name="evaluate",
+    flow_run_name=evaluate_run_name,  # evaluate-<trial>-v<N> from the first log line (flows/run_name.py)
+    log_prints=True,
+)
 def evaluate(
     config: str | None = "configs/tiny_cpu.yaml",
     overrides: list[str] | None = None,
@@ -41,6 +46,8 @@ def evaluate(
     settings: ExperimentConfig | None = None,
 ) -> dict[str, Any]:
     """Score checkpoint ``version`` (-1 = latest committed) on ``split`` (default: dataset.eval_split)."""
+    from prefect.runtime import flow_run
+
     from storage.checkpoints import CheckpointStore
     from storage.errors import CheckpointNotFoundError
 
@@ -58,7 +65,9 @@ def evaluate(
                     f"no committed checkpoint under {store.storage.root_uri}; train first"
                 )
             version = latest.version
-        name_flow_run(f"evaluate-{cfg.trial}-v{version}")
+        name = f"evaluate-{cfg.trial}-v{version}"
+        if flow_run.name != name:  # named at start from LATEST; a damaged one resolved to another version
+            name_flow_run(name)
         collected_v0 = version == 0 and 0 not in store.list_committed()
         if collected_v0:  # retention removed v0's checkpoint: v0 is the model.path the trial recorded
             local = Path(bootstrap_model(cfg))

@@ -13,6 +13,12 @@ later. It works out the trial from the run's parameters as the flow does:
 
 A run whose parameters name no trial it can work out (a config that does not load, ``resume`` without a
 trial) is called ``async-rl``; the flow then fails with the error that says what is wrong.
+
+``evaluate_run_name`` does the same for the ``evaluate`` flow: ``evaluate-<trial>-v<N>``, the trial of
+its config and overrides, N its ``version`` parameter or, for -1 (the latest), the version
+``checkpoints/LATEST`` names (one small read); ``evaluate-<trial>`` when nothing is published yet, and
+``evaluate`` when the config does not load. The flow renames the run if the version it resolves differs
+(a damaged LATEST).
 What it is not: the choice of the trial's state (new, unfinished, trained, finished: ``rollflow.trials``).
 """
 
@@ -58,6 +64,30 @@ def async_rl_run_name() -> str:
     if fresh and flow_run.id:
         _planned[str(flow_run.id)] = trial
     return f"{FLOW_NAME}-{trial}"
+
+
+def evaluate_run_name() -> str:
+    """``evaluate-<trial>-v<N>`` for the evaluate flow run being started (module docstring)."""
+    from prefect.runtime import flow_run
+
+    params = dict(flow_run.parameters or {})
+    try:
+        from rollflow.configuration.loader import load_config
+        from rollflow.configuration.trial_storage import open_trial_storage
+        from storage.checkpoints import CheckpointStore
+        from tasks.runtime import config_data
+
+        data = config_data(params.get("settings"))
+        cfg = load_config(
+            None if data is not None else params.get("config"), params.get("overrides") or [], data=data
+        )
+        version = int(params.get("version", -1))
+        if version < 0:
+            latest = CheckpointStore(open_trial_storage(cfg)).latest_version()
+            version = -1 if latest is None else latest
+    except Exception:  # noqa: BLE001 (the flow body reports a bad config or parameter with its own error)
+        return "evaluate"
+    return f"evaluate-{cfg.trial}" + (f"-v{version}" if version >= 0 else "")
 
 
 def planned_trial() -> str | None:

@@ -63,7 +63,8 @@ class ImpossibleVersionError(SchemaMismatchError):
     """A trained token (loss_mask 1) carries a policy version that cannot exist: negative, or newer than
     the newest policy published when its shard was written (`ShardWriter`'s `version_ceiling`).
 
-    `field` is `"versions"`. Raised on write (the group is evicted) and on read (the shard is quarantined).
+    `field` is `"versions"`. Raised on write (the group is evicted) and on read for a negative version
+    (the shard is quarantined); a group newer than LATEST on read is refused by `ShardReader` instead.
     """
 
 

@@ -13,6 +13,14 @@ fresh worker; a format-1 file, one writer and no claims, gives only its counters
 another format are skipped: a peer's file is never a reason to stop); ``taken_over_by`` names the writer
 that adopted a block. A state names its blocks as ``{"<block>": {"gen": g, "open": [positions]}}``.
 
+``seq`` orders one worker's states: every state is stamped with ``next_seq()`` when it is built, and
+``put`` writes it only if no later-built state was written before it (a compare-and-set on the last
+written ``seq``, under one lock held across the write). The loop builds states on three threads (the
+heartbeat, a claim, a commit) and puts them on others, so without it a heartbeat built before a commit
+could land after the commit's state and the file would go back for a moment. ``load`` starts the
+counter at the earlier life's ``seq``, so the numbers keep growing across restarts. Files written before
+the field existed read as ``seq`` 0.
+
 ``claim_mark`` closes the window between a claim and the state put that records it: it is the claim
 log's next block when the state was built, so every block the worker claimed below it is in the file (or
 finished), and a claim of the worker's at or above it is one the file never saw. A resume (or a peer
@@ -29,6 +37,7 @@ silent peer counts as dead (``rollout.worker_lease_s``) is the worker's decision
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +62,7 @@ class WorkerState:
     released: int = 0
     updated_at: float | None = None  # time.time() of the put: the heartbeat
     claim_mark: int | None = None  # the claim log's next block when built: later claims are unrecorded
+    seq: int = 0  # build order (WorkerStateStore.next_seq): a put never replaces a later-built state
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +78,7 @@ class WorkerState:
             "released": self.released,
             "updated_at": self.updated_at,
             "claim_mark": self.claim_mark,
+            "seq": self.seq,
         }
 
     @classmethod
@@ -86,6 +97,7 @@ class WorkerState:
             released=int(doc.get("released", 0)),
             updated_at=None if stamp is None else float(stamp),
             claim_mark=None if mark is None else int(mark),
+            seq=int(doc.get("seq", 0)),
         )
 
 
@@ -101,6 +113,9 @@ class WorkerStateStore:
         self.storage = storage
         self.name = name
         self.key = keys.rollout_state_key(name)
+        self._lock = threading.Lock()  # guards _seq and _written and is held across a put's write
+        self._seq = 0  # the last seq handed out
+        self._written = 0  # the seq of the state in the file (as far as this process knows)
 
     def load(self) -> WorkerState | None:
         """This worker's earlier life; None if it has none. ``ValueError`` for a file this version
@@ -115,10 +130,26 @@ class WorkerStateStore:
             raise ValueError(
                 f"rollout state {self.key} has an unknown format; delete it to start the data over"
             )
-        return WorkerState.from_json(doc)
+        state = WorkerState.from_json(doc)
+        with self._lock:  # this life's states come after the earlier life's
+            self._seq = max(self._seq, state.seq)
+            self._written = max(self._written, state.seq)
+        return state
 
-    def put(self, state: WorkerState) -> None:
-        self.storage.put_json(self.key, state.to_json())
+    def next_seq(self) -> int:
+        """The stamp of a state being built now: larger than every stamp handed out before."""
+        with self._lock:
+            self._seq += 1
+            return self._seq
+
+    def put(self, state: WorkerState) -> bool:
+        """Write ``state`` unless a later-built one (higher ``seq``) is already written; True if written."""
+        with self._lock:
+            if state.seq < self._written:
+                return False  # built before the file's state: writing it would turn the file back
+            self.storage.put_json(self.key, state.to_json())
+            self._written = state.seq
+            return True
 
     def others(self) -> list[WorkerState]:
         """Every other worker's current state (unreadable or foreign-format files skipped)."""

@@ -7,6 +7,8 @@
   PREFECT_HOME; `prefect_env` is the environment to run CLI/worker subprocesses with, and
   `use_prefect_server` points this process's Prefect client at it.
 - `mlflow_server` (session): `mlflow server` on a free loopback port (SQLite + local artifacts).
+- `stop_prefect_temporary_servers` (session, autouse): stops Prefect's own temporary server, if a test's
+  flow run started one, before pytest closes its streams.
 - `storage_spec` / `storage`: parametrized `local` | `s3` (the s3 case is marked `s3`); every test gets a
   fresh, unique trial so tests never see each other's keys.
 
@@ -183,6 +185,20 @@ def _start_logged(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.
         stderr=subprocess.STDOUT,
         start_new_session=True,  # noqa: SIM115
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stop_prefect_temporary_servers() -> Iterator[None]:
+    """Stop Prefect's own temporary API servers (started by a flow run with no ``PREFECT_API_URL``) at
+    the end of the session, while pytest's streams are open. Left to Prefect's exit hook, the server's
+    "Stopping temporary server" line went to a stream pytest had closed, and every session that had
+    started one ended with a ``--- Logging error ---`` traceback after its summary."""
+    yield
+    if "prefect.server.api.server" in sys.modules:  # only a session that started one imported it
+        from prefect.server.api.server import SubprocessASGIServer
+
+        for server in list(SubprocessASGIServer._instances.values()):
+            server.stop()  # then the exit hook finds nothing to stop, and says nothing
 
 
 @pytest.fixture(scope="session")

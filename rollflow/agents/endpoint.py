@@ -35,7 +35,10 @@ truncation or padding, and the endpoint never does), so a long message delays on
 the other episodes served on the same loop. A body is read only up to the episode's byte limit,
 ``max_body_bytes_per_token * max_episode_tokens + BODY_SLACK_BYTES`` (a prompt longer than that could
 not fit the token budget anyway): a larger one gets 413 ``request_too_large`` before anything is parsed
-or tokenized.
+or tokenized. The refusal comes as soon as the length is known: a declared ``Content-Length`` past the
+limit is refused before a byte of the body is read, a chunked body once the bytes read pass it, and a
+call that asks ``Expect: 100-continue`` gets the 413 (or its 401/410) instead of ``100 Continue``, so the
+agent is never invited to upload a body that will be refused.
 
 Errors, in OpenAI's envelope: 400 for a request the endpoint cannot serve (``AgentRequestError``) or one
 that breaks an episode limit (``EpisodeLimitError``: ``max_turns_exceeded``, ``token_budget_exceeded``,
@@ -63,6 +66,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler  # the "100 Continue" a call asked for
 
 from rollflow.agents.chat_prompt import ChatPrompter
 from rollflow.agents.counts import AgentCounts
@@ -195,8 +199,8 @@ class AgentEndpoint:
             app = web.Application(client_max_size=64 * 1024 * 1024)
             chat, completion = (functools.partial(self._serve, kind=k) for k in ("chat", "completion"))
             for prefix in ("/episodes/{episode}/v1", "/v1"):
-                app.router.add_post(prefix + "/chat/completions", chat)
-                app.router.add_post(prefix + "/completions", completion)
+                app.router.add_post(prefix + "/chat/completions", chat, expect_handler=self._expect)
+                app.router.add_post(prefix + "/completions", completion, expect_handler=self._expect)
                 app.router.add_get(prefix + "/models", self._models)
             runner = web.AppRunner(app, access_log=None, logger=http_logger)
             await runner.setup()
@@ -284,9 +288,8 @@ class AgentEndpoint:
         what = "no api key (send Authorization: Bearer <api_key>)" if not key else "unknown api key"
         raise _unauthorized(f"{what}: use the api_key rollflow gave the agent with this base_url")
 
-    async def _json(self, request: web.Request, limit: int) -> Any:
-        """The body as JSON, read only up to ``limit`` bytes (413 past it, before any parsing)."""
-        too_large = _HTTPError(
+    def _too_large(self, limit: int) -> _HTTPError:
+        return _HTTPError(
             413,
             f"the request body is larger than this episode's limit of {limit} bytes "
             f"({self.max_body_bytes_per_token} bytes per token of its max_episode_tokens budget): a prompt "
@@ -294,6 +297,29 @@ class AgentEndpoint:
             type_="invalid_request_error",
             code="request_too_large",
         )
+
+    def _error_response(self, request: web.Request, e: _HTTPError) -> web.Response:
+        if e.status in (400, 413):
+            self._refusals.refused(_client(request), f"{e.status} {e.code}: {e}")
+        return web.json_response(
+            error_body(str(e), type_=e.type_, param=e.param, code=e.code), status=e.status
+        )
+
+    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue``: refuse a bad key or a declared length past the limit now, before the
+        agent sends the body; otherwise invite it (``100 Continue``)."""
+        try:
+            limit = self.body_limit(self._authenticate(request))
+            if request.content_length is not None and request.content_length > limit:
+                raise self._too_large(limit)
+        except _HTTPError as e:
+            return self._error_response(request, e)
+        await _default_expect_handler(request)
+        return None
+
+    async def _json(self, request: web.Request, limit: int) -> Any:
+        """The body as JSON, read only up to ``limit`` bytes (413 past it, before any parsing)."""
+        too_large = self._too_large(limit)
         if request.content_length is not None and request.content_length > limit:
             raise too_large
         chunks, n = [], 0
@@ -319,11 +345,7 @@ class AgentEndpoint:
             else:
                 reply, stream = await self._acompletion(handle, parse_completion_request(body))
         except _HTTPError as e:
-            if e.status in (400, 413):
-                self._refusals.refused(_client(request), f"{e.status} {e.code}: {e}")
-            return web.json_response(
-                error_body(str(e), type_=e.type_, param=e.param, code=e.code), status=e.status
-            )
+            return self._error_response(request, e)
         except AgentRequestError as e:
             self.counts.calls_invalid += 1
             self._refusals.refused(_client(request), f"400 {e.code or 'invalid_request'}: {e}")
@@ -352,7 +374,7 @@ class AgentEndpoint:
         try:
             self._authenticate(request)
         except _HTTPError as e:
-            return web.json_response(error_body(str(e), type_=e.type_, code=e.code), status=e.status)
+            return self._error_response(request, e)
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "rollflow"}
         return web.json_response({"object": "list", "data": [model]})
 

@@ -386,6 +386,7 @@ class RolloutWorker:
             released=self._own_released(),
             updated_at=time.time(),
             claim_mark=self.source.claim_mark,
+            seq=self.states.next_seq(),  # taken last: a put never replaces a state built after this one
         )
 
     # --- stop: partial episodes, close, summary ---------------------------------------------------------------

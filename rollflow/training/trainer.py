@@ -139,7 +139,13 @@ class Trainer:
         # Token ids are checked against the policy's vocabulary at read time: a shard holding an id the
         # embedding cannot look up is quarantined, instead of crashing this step and every restart.
         vocab = int(D.unwrap(self.model).get_input_embeddings().num_embeddings)  # DDP wraps the module
-        self.reader = ShardReader(self.storage, vocab_size=vocab) if ctx.is_main else None
+        # A trained token newer than the newest published policy (LATEST, not this trainer's own version,
+        # which runs ahead of it until published) came from no served policy: the group is refused.
+        self.reader = (
+            ShardReader(self.storage, vocab_size=vocab, version_ceiling=self.store.latest_version)
+            if ctx.is_main
+            else None
+        )
         # Local storage: a poll is a directory listing, so poll every 50 ms and a synchronous step waits
         # for no poll; object stores bill each LIST, so there the interval backs off to 2 s when idle.
         local = bool(getattr(self.storage, "is_local", False))

@@ -10,7 +10,8 @@ What it is: ``Pages(query, decoder)`` renders, each from a few parameterised que
   produced each token and, below, by its behaviour logprob (``html``), with its group's other rows;
 - ``prompt(prompt_id)``: one prompt's answers version by version (how the policy's answer changed);
 - ``static_report(...)``: the same overview plus the last versions' trajectories and prompt
-  comparisons as one self-contained page with in-page links (the MLflow artifact).
+  comparisons as one self-contained page (the MLflow artifact) whose links go only to its own sections
+  (``StaticLinks``; what it does not hold is plain text).
 
 Text is decoded with the run's tokenizer when one is given (else token ids are shown) and every piece
 goes through ``html.esc``. What it is not: HTTP (``server``) or data access beyond the views.
@@ -137,33 +138,53 @@ class TrajectoryFilter:
 
 
 class Links:
-    """Where a page links to: the server's routes (``StaticLinks``: anchors inside one page)."""
+    """Where a page links to: the server's routes (``StaticLinks``: anchors inside one page). None: the
+    target is not there, and the text is shown without a link."""
 
-    def home(self) -> str:
+    def home(self) -> str | None:
         return "/"
 
-    def trajectories(self, **params: str) -> str:
+    def trajectories(self, **params: str) -> str | None:
         return "/trajectories?" + urlencode(params)
 
-    def trajectory(self, traj_id: str) -> str:
+    def trajectory(self, traj_id: str) -> str | None:
         return "/trajectory?" + urlencode({"id": traj_id})
 
-    def prompt(self, prompt_id: str) -> str:
+    def prompt(self, prompt_id: str) -> str | None:
         return "/prompt?" + urlencode({"id": prompt_id})
 
 
 class StaticLinks(Links):
-    def home(self) -> str:
+    """Anchors of the one static page, only to the sections it holds: ``versions`` (``#v{N}``), the
+    trajectories shown (``#t-{id}``) and the prompts compared (``#p-{id}``); anything else is None."""
+
+    def __init__(self, versions: Sequence[int] = (), trajs: Sequence[str] = (), prompts: Sequence[str] = ()):
+        self.versions, self.trajs, self.prompts = set(versions), set(trajs), set(prompts)
+
+    def home(self) -> str | None:
         return "#top"
 
-    def trajectories(self, **params: str) -> str:
-        return "#v" + quote(params.get("version", ""), safe="")
+    def trajectories(self, **params: str) -> str | None:
+        v = params.get("version")
+        if v is None:
+            return "#last" if self.versions else None
+        return f"#v{v}" if v.lstrip("-").isdigit() and int(v) in self.versions else None
 
-    def trajectory(self, traj_id: str) -> str:
-        return "#t-" + quote(traj_id, safe="")
+    def trajectory(self, traj_id: str) -> str | None:
+        return anchor("t-", traj_id) if traj_id in self.trajs else None
 
-    def prompt(self, prompt_id: str) -> str:
-        return "#p-" + quote(prompt_id, safe="")
+    def prompt(self, prompt_id: str) -> str | None:
+        return anchor("p-", prompt_id) if prompt_id in self.prompts else None
+
+
+def anchor(prefix: str, key: str) -> str:
+    """The in-page link to the section whose id is ``prefix`` + the quoted key."""
+    return "#" + prefix + quote(key, safe="")
+
+
+def link(href: str | None, text: str) -> str:
+    """``<a href>text</a>``, or ``text`` alone when there is nowhere to go (``text`` is already HTML)."""
+    return text if href is None else f'<a href="{H.esc(href)}">{text}</a>'
 
 
 class Pages:
@@ -190,10 +211,7 @@ class Pages:
         return self.decoder.decode([token_id], skip_special_tokens=False)
 
     def _nav(self) -> str:
-        return (
-            f'<nav><a href="{H.esc(self.links.home())}">overview</a>'
-            f'<a href="{H.esc(self.links.trajectories())}">trajectories</a></nav>'
-        )
+        return f"<nav>{link(self.links.home(), 'overview')}{link(self.links.trajectories(), 'trajectories')}</nav>"
 
     def _page(self, title: str, body: str) -> str:
         return H.page(title, body, nav=self._nav())
@@ -231,10 +249,9 @@ class Pages:
         rows = []
         for r in per_version[::-1][:table_rows]:
             reasons = ", ".join(f"{H.esc(k)} {v}" for k, v in sorted(dict(r["finish_reasons"] or []).items()))
-            link = self.links.trajectories(version=str(r["version"]))
             rows.append(
                 [
-                    f'<a href="{H.esc(link)}">v{r["version"]}</a>',
+                    link(self.links.trajectories(version=str(r["version"])), f"v{r['version']}"),
                     H.fmt(r["groups"]),
                     H.fmt(r["trajectories"]),
                     H.fmt(r["reward_mean"]),
@@ -307,10 +324,10 @@ class Pages:
             )
             out.append(
                 [
-                    f'<a href="{H.esc(self.links.trajectory(r["traj_id"]))}">{versions}</a>',
+                    link(self.links.trajectory(r["traj_id"]), versions),
                     H.fmt(r["reward"]),
                     H.esc(r["finish_reason"]),
-                    f'<a href="{H.esc(self.links.prompt(r["prompt_id"]))}">{H.esc(r["prompt_id"])}</a>',
+                    link(self.links.prompt(r["prompt_id"]), H.esc(r["prompt_id"])),
                     f'<div class="text">{H.esc(self.text(r["prompt_ids"])[-300:])}</div>',
                     f'<div class="text">{H.esc(self.text(r["completion_ids"]))}</div>',
                 ]
@@ -330,11 +347,11 @@ class Pages:
         rows = rows[: f.limit]
         pager = []
         if f.offset > 0:
-            prev = self.links.trajectories(**f.params(offset=max(0, f.offset - f.limit)))
-            pager.append(f'<a href="{H.esc(prev)}">newer</a>')
+            pager.append(
+                link(self.links.trajectories(**f.params(offset=max(0, f.offset - f.limit))), "newer")
+            )
         if more:
-            nxt = self.links.trajectories(**f.params(offset=f.offset + f.limit))
-            pager.append(f'<a href="{H.esc(nxt)}">older</a>')
+            pager.append(link(self.links.trajectories(**f.params(offset=f.offset + f.limit)), "older"))
         shown = (
             f"<p>rows {f.offset + 1}..{f.offset + len(rows)}, newest first {' '.join(pager)}</p>"
             if rows
@@ -373,7 +390,7 @@ class Pages:
                 [
                     H.esc(row["traj_id"]),
                     H.esc(row["group_id"]),
-                    f'<a href="{H.esc(self.links.prompt(row["prompt_id"]))}">{H.esc(row["prompt_id"])}</a>',
+                    link(self.links.prompt(row["prompt_id"]), H.esc(row["prompt_id"])),
                     f"v{row['version']}..v{row['tail_version']}",
                     H.fmt(row["reward"]),
                     H.esc(row["finish_reason"]),
@@ -408,7 +425,7 @@ class Pages:
         )
         sib = [
             [
-                f'<a href="{H.esc(self.links.trajectory(g["traj_id"]))}">{H.esc(g["traj_id"])}</a>',
+                link(self.links.trajectory(g["traj_id"]), H.esc(g["traj_id"])),
                 H.fmt(g["reward"]),
                 H.esc(g["finish_reason"]),
                 f'<div class="text">{H.esc(self.text(g["completion_ids"]))}</div>',
@@ -438,7 +455,7 @@ class Pages:
             mean = sum(r["reward"] for r in rs) / len(rs)
             answers = [
                 [
-                    f'<a href="{H.esc(self.links.trajectory(r["traj_id"]))}">{H.fmt(r["reward"])}</a>',
+                    link(self.links.trajectory(r["traj_id"]), H.fmt(r["reward"])),
                     H.esc(r["finish_reason"]),
                     f'<div class="text">{H.esc(self.text(r["completion_ids"]))}</div>',
                 ]
@@ -473,42 +490,56 @@ def static_report(
     prompts: int = 4,
 ) -> str:
     """One self-contained page: the run at a glance, then the last versions' trajectories (tokens coloured
-    by version and logprob) and a few prompts compared across those versions (module docstring)."""
-    pages = Pages(query, decoder, title=title, links=StaticLinks())
+    by version and logprob) and a few prompts compared across those versions (module docstring). Every
+    link is to a section of this page: what the page does not hold (an older version, a trajectory or a
+    prompt not shown) is plain text, since the copy has no server behind it."""
+    pages = Pages(query, decoder, title=title)
     per_version = pages._rows("SELECT * FROM per_version")
-    jump = '<nav><a href="#last">the last versions</a><a href="#prompts">prompts across versions</a></nav>'
-    parts = ['<a id="top"></a>', jump, pages.glance(per_version, table_rows=12)]
     versions = [r["version"] for r in per_version if r["version"] >= 0][-last_versions:]
+    shown: dict[int, list[dict[str, Any]]] = {}  # version -> its rows on the page, newest version first
+    compared: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []  # (prompt, its rows)
+    for v in versions[::-1]:
+        shown[v] = pages._rows(
+            "SELECT * FROM trajectories WHERE version = ? "  # the best and the worst row of each group
+            "QUALIFY row_number() OVER (PARTITION BY group_id ORDER BY reward DESC, traj_id) = 1 "
+            "OR row_number() OVER (PARTITION BY group_id ORDER BY reward, traj_id) = 1 "
+            "ORDER BY created_at DESC, group_id, reward DESC LIMIT ?",
+            [v, rows_per_version],
+        )
     if versions:
-        vmin, vmax = pages._version_range()
-        parts.append(f'<h2 id="last">The last {len(versions)} versions</h2>')
-        for v in versions[::-1]:
-            rows = pages._rows(
-                "SELECT * FROM trajectories WHERE version = ? "  # the best and the worst row of each group
-                "QUALIFY row_number() OVER (PARTITION BY group_id ORDER BY reward DESC, traj_id) = 1 "
-                "OR row_number() OVER (PARTITION BY group_id ORDER BY reward, traj_id) = 1 "
-                "ORDER BY created_at DESC, group_id, reward DESC LIMIT ?",
-                [v, rows_per_version],
-            )
-            parts.append(f'<h2 id="v{v}">v{v}</h2>')
-            for r in rows:
-                head = f"reward {H.fmt(r['reward'])} | {H.esc(r['finish_reason'])} | {H.esc(r['prompt_id'])}: {H.esc(pages.text(r['completion_ids'])[:120])}"
-                anchor = H.esc("t-" + quote(r["traj_id"], safe=""))
-                parts.append(
-                    f'<details id="{anchor}"><summary>{head}</summary>{pages.trajectory_body(r, vmin, vmax)}</details>'
-                )
         top = pages._rows(
             "SELECT prompt_id, count(DISTINCT version) AS n FROM trajectories WHERE version >= ? "
             "GROUP BY prompt_id ORDER BY n DESC, prompt_id LIMIT ?",
             [versions[0], prompts],
         )
-        if top:
-            parts.append('<h2 id="prompts">Prompts across versions</h2>')
-        for t in top:
-            rows = pages.prompt_rows(t["prompt_id"])
-            anchor = H.esc("p-" + quote(t["prompt_id"], safe=""))
-            parts.append(
-                f'<details id="{anchor}"><summary>prompt {H.esc(t["prompt_id"])}: {t["n"]} of the last versions</summary>'
-                f"{pages.prompt_body(rows, per_version=4)}</details>"
-            )
+        compared = [(t, pages.prompt_rows(t["prompt_id"])) for t in top]
+    pages.links = StaticLinks(
+        versions,
+        [r["traj_id"] for rows in shown.values() for r in rows],
+        [t["prompt_id"] for t, _ in compared],
+    )
+
+    jump = (
+        f"<nav>{link('#last' if versions else None, 'the last versions')}"
+        f"{link('#prompts' if compared else None, 'prompts across versions')}</nav>"
+    )
+    parts = ['<a id="top"></a>', jump, pages.glance(per_version, table_rows=12)]
+    if versions:
+        vmin, vmax = pages._version_range()
+        parts.append(f'<h2 id="last">The last {len(versions)} versions</h2>')
+        for v, rows in shown.items():
+            parts.append(f'<h2 id="v{v}">v{v}</h2>')
+            for r in rows:
+                head = f"reward {H.fmt(r['reward'])} | {H.esc(r['finish_reason'])} | {H.esc(r['prompt_id'])}: {H.esc(pages.text(r['completion_ids'])[:120])}"
+                parts.append(
+                    f'<details id="{H.esc(anchor("t-", r["traj_id"])[1:])}"><summary>{head}</summary>'
+                    f"{pages.trajectory_body(r, vmin, vmax)}</details>"
+                )
+    if compared:
+        parts.append('<h2 id="prompts">Prompts across versions</h2>')
+    for t, rows in compared:
+        parts.append(
+            f'<details id="{H.esc(anchor("p-", t["prompt_id"])[1:])}"><summary>prompt {H.esc(t["prompt_id"])}: '
+            f"{t['n']} of the last versions</summary>{pages.prompt_body(rows, per_version=4)}</details>"
+        )
     return H.page(title, "".join(parts))

@@ -100,13 +100,31 @@ def _cell(value: Any, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "~"
 
 
+def _json_value(value: Any, typ: pa.DataType) -> Any:
+    """``value`` of Arrow type ``typ`` as JSON shows it: a MAP as an object (keys as text; Arrow's Python
+    value is a list of pairs), inside lists and structs too."""
+    if value is None:
+        return None
+    if pa.types.is_map(typ):
+        return {str(k): _json_value(v, typ.item_type) for k, v in value}
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
+        return [_json_value(v, typ.value_type) for v in value]
+    if pa.types.is_struct(typ):
+        return {f.name: _json_value(value[f.name], f.type) for f in typ}
+    return value
+
+
 def format_result(table: pa.Table, fmt: str = "table", *, max_rows: int = 200, width: int = 60) -> str:
     """A query result as text: ``table`` (fixed-width columns, the first ``max_rows`` rows), ``csv`` or
-    ``json`` (one object per line). Plain Python: pandas would cost a second of import per call."""
+    ``json`` (one object per line; a MAP column is an object, as the table shows it). Plain Python:
+    pandas would cost a second of import per call."""
     rows = table.to_pylist()
     names = table.column_names
     if fmt == "json":
-        return "".join(json.dumps(r, default=str) + "\n" for r in rows)
+        types = dict(zip(names, table.schema.types, strict=True))
+        return "".join(
+            json.dumps({n: _json_value(v, types[n]) for n, v in r.items()}, default=str) + "\n" for r in rows
+        )
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")

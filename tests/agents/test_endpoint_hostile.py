@@ -7,7 +7,7 @@ the per-character chat tokenizer, wrapped so a test can hold one tokenization op
 * while one episode's message is being tokenized, another episode's call is answered (tokenizing runs
   off the event loop; it used to block every episode of the rollout, 13 s for an 8 MiB message);
 * a body larger than the episode's token budget allows gets 413 ``request_too_large`` before it is
-  parsed or tokenized;
+  parsed or tokenized, and on its declared length before it is sent (``Expect: 100-continue``);
 * a tool whose ``parameters`` is not a JSON Schema object gets a 400 naming ``tools`` (was a 500 with a
   traceback in the pythonic tool format);
 * 20 calls with an unknown key give 20 401s and at most one log line.
@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -127,6 +129,44 @@ def test_a_call_being_tokenized_does_not_stall_other_episodes(served: Served) ->
         tok.gate.set()
         t.join(30)
     assert result["slow"][0] == 200
+
+
+def _raw_call(handle: Any, body: bytes, *, declared: int, send: int, expect: bool) -> bytes:
+    """POST with ``Content-Length: declared`` (and ``Expect: 100-continue``), then only ``send`` bytes of
+    ``body``; what the server answered before the client sent any more (the socket stays open)."""
+    url = urllib.parse.urlsplit(handle.base_url)
+    head = (
+        f"POST {url.path}/chat/completions HTTP/1.1\r\nHost: {url.netloc}\r\n"
+        f"Authorization: Bearer {handle.api_key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {declared}\r\n" + ("Expect: 100-continue\r\n" if expect else "") + "\r\n"
+    )
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(head.encode() + body[:send])
+        answer = b""
+        while b"\r\n\r\n" not in answer or (answer.startswith(b"HTTP/1.1 4") and not answer.endswith(b"}}")):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        return answer
+
+
+def test_a_declared_length_past_the_limit_is_refused_before_the_body_is_sent(served: Served) -> None:
+    """413 on the declared length: with ``Expect: 100-continue`` the agent is refused instead of invited
+    to upload (it used to get ``100 Continue``, then the 413 after sending all 8 MiB); without it, the 413
+    comes while only 64 KiB of the 8 MiB body was sent."""
+    handle = served.episode(max_episode_tokens=256)  # limit 81,920 bytes
+    body = json.dumps(_msg("x" * (8 * 1024 * 1024))).encode()
+    answer = _raw_call(handle, body, declared=len(body), send=0, expect=True)  # no body byte sent
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:80]
+    assert b'"request_too_large"' in answer and b"100 Continue" not in answer
+    answer = _raw_call(handle, body, declared=len(body), send=64 * 1024, expect=False)
+    assert answer.startswith(b"HTTP/1.1 413 ") and b'"request_too_large"' in answer, answer[:80]
+    small = json.dumps(_msg("y" * 100)).encode()  # a call that fits is invited, and waits for its body
+    assert (
+        _raw_call(handle, small, declared=len(small), send=0, expect=True) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    )
+    assert max(served.endpoint.tokenizer.encoded_chars, default=0) < 1000  # the 8 MiB never tokenized
 
 
 def test_a_body_past_the_token_budget_is_refused_before_tokenizing(served: Served) -> None:

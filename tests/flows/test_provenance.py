@@ -7,6 +7,7 @@ the trial's name on the run from its first log line.
 - Against the user's server (``PREFECT_API_URL``) both name that server's UI.
 - An ``async-rl`` run with no trial named is ``async-rl-<its fresh trial>`` from "Beginning flow run ...",
   and that is the trial it works on (before, it was a random name until a rename mid-run).
+- An ``evaluate`` run is ``evaluate-<trial>-v<N>`` from "Beginning flow run ..." too.
 """
 
 from __future__ import annotations
@@ -115,6 +116,36 @@ def test_an_async_rl_run_carries_its_trial_name_from_its_first_line(
     assert messages[0] == f"Beginning flow run '{run.name}' for flow 'async-rl'", messages[:3]
     assert f"trial {trial} (new)" in messages, messages  # the trial it worked on is the one in its name
     assert not [m for m in messages if "Renamed flow run" in m]
+
+
+@pytest.mark.parametrize(("version", "name"), [(4, "evaluate-ev-v4"), (-1, "evaluate-ev")])
+def test_an_evaluate_run_carries_its_trial_and_version_from_its_first_line(
+    use_prefect_server: str, tmp_path: Path, version: int, name: str
+) -> None:
+    """Named ``evaluate-<trial>-v<N>`` as it starts (it used to start as a random name such as
+    'smart-sloth' and be renamed later); ``evaluate-<trial>`` when it is to score the latest and none is
+    published. Both runs fail right after: no checkpoint v4, no checkpoint at all."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+    from prefect.logging.handlers import APILogHandler
+
+    from flows.evaluate import evaluate
+
+    overrides = [f"storage.root={tmp_path / 'storage'}", "trial=ev", "tracking.enabled=false"]
+    state = evaluate(
+        config=str(ROOT / "configs/tiny_cpu.yaml"), overrides=overrides, version=version, return_state=True
+    )
+    assert state.is_failed(), state
+    APILogHandler().flush()
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+        logs = client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])), sort=LogSort.TIMESTAMP_ASC
+        )
+    assert run.name == name
+    messages = [log.message for log in logs]
+    assert messages[0] == f"Beginning flow run '{name}' for flow 'evaluate'", messages[:3]
 
 
 def test_the_name_follows_the_trial_parameters() -> None:

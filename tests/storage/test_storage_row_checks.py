@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from storage_testlib import make_group
 
-from storage import keys
+from storage import credits, keys
+from storage.checkpoints import CheckpointStore
 from storage.commits import CommitRecord
 from storage.errors import (
     ImpossibleVersionError,
@@ -135,6 +136,29 @@ def test_the_ceiling_is_read_at_each_flush_and_none_checks_only_the_lower_bound(
     w.add(_with_versions(make_group("c"), 9))
     assert w.flush() is not None
     assert sorted(g.group_id for g in ShardReader(local).take(10).groups) == ["a", "c"]
+
+
+def test_a_group_newer_than_latest_is_refused_on_read_and_credited(local: Storage, tmp_path) -> None:
+    """LATEST names v5 (the trainer may already hold v6 in memory; no token is v6 before it is
+    published): of one shard, the group at v5 is delivered, the one at v6 refused and credited. Once v6
+    is published, a group at v6 is delivered."""
+    store = CheckpointStore(local)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    store.publish(tmp_path / "ckpt", 5)
+    with ShardWriter(local, "w", flush_rows=100) as w:  # no ceiling on write: what a broken writer commits
+        w.add(_with_versions(make_group("at-latest"), 5))
+        w.add(_with_versions(make_group("future"), 6))
+    reader = ShardReader(local, version_ceiling=store.latest_version)
+    result = reader.take(10)
+    assert [g.group_id for g in result.groups] == ["at-latest"] and result.refused_version == 1
+    rec = reader.list_commits(include_consumed=True)[0]
+    assert local.get_json(credits.credit_key(rec.partition, rec.commit_id))["dropped"] == [1]
+    store.publish(tmp_path / "ckpt", 6)
+    with ShardWriter(local, "w", flush_rows=100) as w:
+        w.add(_with_versions(make_group("now-served"), 6))
+    assert [g.group_id for g in reader.take(10).groups] == ["now-served"]
+    assert reader.stats["refused_version"] == 1
 
 
 def test_a_shard_with_a_negative_trained_version_is_quarantined_on_read(local: Storage) -> None:

@@ -91,3 +91,24 @@ def test_state_and_claim_keys_live_in_keys() -> None:
         keys.parse_consumed_key(keys.consumed_key(7)) == 7
         and keys.parse_consumed_key("trainer/x.json") is None
     )
+
+
+def test_a_state_built_earlier_never_replaces_a_later_one_in_the_file(storage: Storage) -> None:
+    store = WorkerStateStore(storage, "w0")
+    heartbeat = _state("w0", accepted=5, seq=store.next_seq())  # built first ...
+    commit = _state("w0", accepted=6, seq=store.next_seq())  # ... then a commit's state
+    assert store.put(commit)
+    assert not store.put(heartbeat)  # the heartbeat's put lands last: skipped
+    assert store.load() == commit and storage.get_json(store.key)["seq"] == commit.seq == 2
+
+
+def test_a_restarted_worker_stamps_after_its_earlier_life(storage: Storage) -> None:
+    first = WorkerStateStore(storage, "w0")
+    for _ in range(3):
+        first.put(_state("w0", seq=first.next_seq()))
+    again = WorkerStateStore(storage, "w0")  # the next life, one worker per name
+    assert again.load() == _state("w0", seq=3)
+    late = _state("w0", accepted=9, seq=again.next_seq())
+    assert late.seq == 4 and again.put(late) and again.load() == late
+    storage.put_json(again.key, {"format": 2})
+    assert WorkerStateStore(storage, "w0").load() == WorkerState()  # a file without seq reads as 0

@@ -1,4 +1,5 @@
-"""The Trainer meets a schema-valid shard holding a token id outside its vocabulary: quarantined, not a crash.
+"""The Trainer meets a schema-valid shard holding a token id outside its vocabulary: quarantined, not a crash;
+a group whose tokens are newer than any published policy: refused and credited, not trained.
 
 Before the reader checked ids against the vocabulary, such a shard raised IndexError in the embedding on
 every attempt, so the trainer crashed again after each restart.
@@ -6,14 +7,17 @@ every attempt, so the trainer crashed again after each restart.
 
 from __future__ import annotations
 
+import logging
 import random
+import re
 from pathlib import Path
 
+import pytest
 from helpers import make_group, write_groups
 from test_trainer import consumed, make_cfg
 
 from rollflow.training.trainer import Trainer
-from storage import keys
+from storage import credits, keys
 from storage.fs import Storage
 from storage.shard_reader import ShardReader
 from storage.shard_writer import ShardWriter
@@ -58,3 +62,26 @@ def test_restart_after_the_newest_commit_json_was_corrupted(tmp_path: Path, tiny
     assert storage.get_bytes(keys.checkpoint_commit_key(3)) == b"{not json"  # not re-published over
     assert store.resolve_latest().version == 5 and store.latest_problem() is None  # type: ignore[union-attr]
     assert len({g for step in consumed(storage, 5) for g in step}) == 10  # each group trained once
+
+
+def test_a_group_newer_than_the_published_policy_is_refused_on_read_not_trained(
+    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer without the version ceiling committed a group whose tokens say v9. The trainer publishes
+    v0..v3 over its 3 steps, so no served policy ever generated it: it is refused (credited, logged with
+    the reason) and the trainer goes on with the groups after it."""
+    storage = Storage.open(str(tmp_path / "store"), "test", "t0")
+    write_groups(storage, ["g00", "g01"], per_shard=2)
+    with ShardWriter(storage, "unchecked", flush_rows=10**6) as w:  # no version_ceiling: committed
+        w.add(make_group("future", version=9, rng=random.Random(5)))
+    write_groups(storage, ["g02", "g03", "g04", "g05"], per_shard=2)
+    future = [r for r in ShardReader(storage).list_commits() if r.writer.startswith("unchecked")][0]
+
+    with caplog.at_level(logging.ERROR, logger="storage.shard_reader"):
+        summary = Trainer(make_cfg(str(tmp_path / "store"), "test", "t0", tiny_model_dir), storage).run()
+
+    assert summary.done and summary.steps_run == 3
+    assert consumed(storage, 3) == [["g00", "g01"], ["g02", "g03"], ["g04", "g05"]]
+    assert storage.get_json(credits.credit_key(future.partition, future.commit_id))["dropped"] == [0]
+    # refused at whichever step reached it, when LATEST named v0, v1 or v2
+    assert re.search(r"group future .* version 9, but the newest published policy is v[012];", caplog.text)

@@ -34,6 +34,16 @@ def test_cli_query(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ]
     assert cli(["query", "t1", sql, *over]) == 0
     assert "(2 rows)" in capsys.readouterr().out
+    # a MAP column is a JSON object, as the table shows it (it was a list of [key, value] pairs)
+    maps = "SELECT version, finish_reasons FROM per_version ORDER BY version"
+    assert cli(["query", "t1", maps, "--format", "json", *over]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert out == [
+        {"version": 0, "finish_reasons": {"stop": 4}},
+        {"version": 1, "finish_reasons": {"length": 2}},
+    ]
+    assert cli(["query", "t1", maps, *over]) == 0
+    assert "{length: 2}" in capsys.readouterr().out
     assert cli(["query", "t1", "SELECT nope FROM per_version", *over]) == 2
     assert "rollflow query: error:" in capsys.readouterr().err
     assert cli(["query", "t-missing", sql, *over]) == 2

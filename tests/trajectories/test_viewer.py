@@ -9,6 +9,7 @@ import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,39 @@ def test_static_report_in_chromium(tmp_path: Path) -> None:
     dom = render(path.as_uri())
     assert "The last 2 versions" in dom and "Prompts across versions" in dom
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom and "<script" not in dom
+
+
+class _Anchors(HTMLParser):
+    """Every id and every link target (href, form action) of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.targets: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.add(str(a["id"]))
+        for name in ("href", "action", "src"):
+            if a.get(name) is not None:
+                self.targets.append(str(a[name]))
+
+
+@pytest.mark.parametrize("last_versions", [1, 2])
+def test_every_link_of_the_static_report_is_to_a_section_it_holds(tmp_path: Path, last_versions: int) -> None:
+    """The MLflow artifact is one file with no server behind it: with the last version only, v0's row in
+    the overview table, v0's trajectories in the prompt comparison and the group's siblings are not on the
+    page, so they are text, not links to nowhere."""
+    storage = Storage.open(str(tmp_path / "store"), "exp", "trial")
+    small_trial(storage)
+    decoder = CharDecoder()
+    path = tmp_path / "viewer.html"
+    path.write_text(static_report(TrajectoryQuery(storage), decoder, title="t", last_versions=last_versions))
+    page = _Anchors()
+    page.feed(path.read_text())
+    assert page.targets, "the report links its sections"
+    for target in page.targets:
+        assert target.startswith("#") and target[1:] in page.ids, f"{target!r} goes nowhere in the file"
+    assert "#v1" in page.targets and "#p-p-same" in page.targets  # what the page holds is still linked
+    assert ("#v0" in page.targets) == (last_versions == 2)
