@@ -91,28 +91,43 @@ def _header(reader: HashingReader) -> list[tuple[str, torch.dtype, list[int], in
 
 
 def read_safetensors_hashed(
-    path: str | Path, algo: str, name: str | None = None
+    path: str | Path, algo: str, name: str | None = None, into: Mapping[str, torch.Tensor] | None = None
 ) -> tuple[dict[str, torch.Tensor], FileDigest]:
-    """Every tensor of ``path`` (fresh CPU memory, the file's dtypes) and the digest of the file, one read."""
+    """Every tensor of ``path`` (CPU memory, the file's dtypes) and the digest of the file, one read.
+
+    ``into``: tensors to read into where one has the name, dtype and shape and is a contiguous CPU tensor
+    (a standby copy of the model, memory already touched: filling fresh memory costs more than the read
+    itself on some hosts); the others get fresh memory. Their old contents are gone whatever the digest,
+    so ``into`` must be memory nothing uses until the caller has checked the digest.
+    """
     try:
         reader = HashingReader(path, algo, name)
     except FileNotFoundError:
         raise CheckpointIntegrityError(name or Path(path).name, "missing from storage") from None
+    into = into or {}
     with reader:
         tensors: dict[str, torch.Tensor] = {}
         for key, dtype, shape, start, end in _header(reader):
-            buf = torch.empty(end - start, dtype=torch.uint8)  # [bytes]
+            t = into.get(key)
+            if t is None or t.dtype != dtype or list(t.shape) != shape or t.device.type != "cpu":
+                t = torch.empty(shape, dtype=dtype)
+            if not t.is_contiguous():
+                t = torch.empty(shape, dtype=dtype)
             if end > start:
-                reader.readinto(buf.numpy())
-            tensors[key] = buf.view(dtype).reshape(shape)
+                reader.readinto(t.detach().reshape(-1).view(torch.uint8).numpy())  # [bytes], t's memory
+            tensors[key] = t
         return tensors, reader.finish()
 
 
 def load_verified_safetensors(
-    path: str | Path, expect: Mapping[str, Any], algo: str, name: str
+    path: str | Path,
+    expect: Mapping[str, Any],
+    algo: str,
+    name: str,
+    into: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The tensors of ``path``, only if its size and digest match ``expect`` (its COMMIT.json entry)."""
-    tensors, digest = read_safetensors_hashed(path, algo, name)
+    tensors, digest = read_safetensors_hashed(path, algo, name, into)
     check_digest(name, digest, expect, algo)
     return tensors
 
@@ -132,11 +147,17 @@ def weight_files(directory: Path, files: Mapping[str, Any], algo: str) -> list[s
     return shards
 
 
-def load_verified_dir(directory: str | Path, files: Mapping[str, Any], algo: str) -> dict[str, torch.Tensor]:
+def load_verified_dir(
+    directory: str | Path,
+    files: Mapping[str, Any],
+    algo: str,
+    into: Mapping[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint directory, each weight file read once and checked against ``files``
-    (COMMIT.json's ``{name: {size, <algo>}}``); CheckpointIntegrityError naming the first that differs."""
+    (COMMIT.json's ``{name: {size, <algo>}}``); CheckpointIntegrityError naming the first that differs.
+    ``into``: as for ``read_safetensors_hashed``."""
     directory = Path(directory)
     out: dict[str, torch.Tensor] = {}
     for name in weight_files(directory, files, algo):
-        out.update(load_verified_safetensors(directory / name, files[name], algo, name))
+        out.update(load_verified_safetensors(directory / name, files[name], algo, name, into))
     return out

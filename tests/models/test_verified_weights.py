@@ -92,3 +92,12 @@ def test_a_directory_loads_only_what_commit_lists(tmp_path: Path) -> None:
     assert set(load_verified_dir(tmp_path, files, "sha256")) == set(load_file(str(path)))
     with pytest.raises(CheckpointIntegrityError, match="not in COMMIT.json"):
         load_verified_dir(tmp_path, {}, "sha256")
+
+
+def test_into_fills_the_given_tensors_and_fresh_memory_for_the_rest(tmp_path: Path) -> None:
+    path = _file(tmp_path)
+    standby = {"a.weight": torch.zeros(300, 70), "b.bias": torch.zeros(3)}  # b: wrong shape, not reused
+    tensors, _ = read_safetensors_hashed(path, "sha256", into=standby)
+    assert tensors["a.weight"] is standby["a.weight"]
+    assert torch.equal(standby["a.weight"], load_file(str(path))["a.weight"])
+    assert tensors["b.bias"] is not standby["b.bias"] and torch.equal(standby["b.bias"], torch.zeros(3))
