@@ -19,9 +19,10 @@ What it measures, on a Qwen2.5-0.5B-shaped model built from its config (random w
    (PaLM, appendix B); peak = ``--peak-tflops`` or the card's dense bf16 figure (H100/H200: 989).
 2. weight update: the trained weights gathered to a full state dict, published through rollflow's
    storage (``CheckpointPublisher``: safetensors hashed while written, COMMIT.json, LATEST) to local
-   disk, then verified against COMMIT.json and loaded into a second model on the device, as the
-   checkpoint watcher does. ``publish_s``, ``weight_update_s`` (verify + load + copy to the device; of
-   which ``weight_verify_s`` is the hash check) and ``weight_update_GBps``.
+   disk, then loaded into a second model on the device by the watcher's one-read path (each weight file
+   read once into host memory while a second thread hashes it; used only if COMMIT.json's digest
+   matches). ``publish_s``, ``weight_update_s`` (verified read + copy to the device; of which
+   ``weight_verify_s`` is the verified read) and ``weight_update_GBps``.
 3. logprob agreement: greedy and sampled (temperature 1) generation from the second (bf16) model with
    its per-token logprobs (the KV-cached decode path), then the trainer's logprobs of the same tokens
    in bf16 (the FSDP2 model's forward) and fp32 (its master weights, fp32 compute):
@@ -194,8 +195,7 @@ def update_part(
     model: Any, ctx: Any, device: torch.device, root: Path
 ) -> tuple[dict[str, float], Any, dict[str, torch.Tensor]]:
     """Step 2; returns the figures, the loaded bf16 inference model and the fp32 master state dict."""
-    from safetensors.torch import load_file
-
+    from rollflow.models.verified_weights import load_verified_dir
     from rollflow.training.distributed import full_model_state_dict
     from rollflow.training.publish import CheckpointPublisher, tied_aliases
     from storage.checkpoints import CheckpointStore
@@ -218,10 +218,13 @@ def update_part(
     inference.eval()
     _sync(device)
     t0 = time.perf_counter()
-    ckpt = store.verified_dir(1, root / "cache")  # every file hashed and checked against COMMIT.json
-    verify_s = time.perf_counter() - t0
-    sd = load_file(str(ckpt / "model.safetensors"), device=str(device))
-    missing, unexpected = inference.load_state_dict(sd, strict=False)
+    ref = store.get(1)
+    # the watcher's one-read path: layout, links and sizes checked here, then each weight file read once
+    # while a second thread hashes the same bytes; tensors only if COMMIT.json's digest matches
+    ckpt = store.verified_dir(1, root / "cache", defer_weights=True)
+    sd = load_verified_dir(ckpt, ref.files, ref.hash_algo)
+    verify_s = time.perf_counter() - t0  # layout check + the verified read into host memory
+    missing, unexpected = inference.load_state_dict(sd, strict=False)  # the copy to the device
     _sync(device)
     update_s = time.perf_counter() - t0
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
@@ -229,7 +232,7 @@ def update_part(
         "checkpoint_GB": nbytes / 1e9,
         "publish_s": publish_s,
         "weight_update_s": update_s,
-        "weight_verify_s": verify_s,  # the hash part of weight_update_s
+        "weight_verify_s": verify_s,  # the verified read (hash beside it) part of weight_update_s
         "weight_update_GBps": nbytes / 1e9 / update_s,
         "hash": store.hash_algo,
     }

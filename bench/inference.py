@@ -19,8 +19,9 @@ Figures:
   batch in-process (same sampling, same torch threads). Best of the repetitions on each side. >= 0.7 is
   the target.
 - weight_update_vs_raw_load: publish -> serving latency (``CheckpointStore.publish`` returns -> the
-  watcher's ``on_update``: wake-up, LATEST + COMMIT.json, "loading" ack, blake3 verification of every
-  file in place, pause, load + check + in-place swap, continue, ack) over a plain
+  watcher's ``on_update``: wake-up, LATEST + COMMIT.json, "loading" ack, the layout and sizes checked in
+  place, pause, the server's one read of each weight file with its blake3 hash beside it + check +
+  in-place swap, continue, ack) over a plain
   ``AutoModelForCausalLM.from_pretrained`` of the same committed checkpoint directory, in a warm
   process. The watcher runs with the config defaults (``inference.poll_interval_s`` 1 s,
   ``local_poll_interval_s`` 0.02 s) and, as in the embedded mode, in the publisher's process, so the
@@ -28,12 +29,13 @@ Figures:
   Also reported: weight_update_s, raw_load_s, weight_update_vs_raw_load_touch (from_pretrained +
   reading every weight, since from_pretrained maps the file lazily), weight_update_vs_server_restart
   (a fresh CPU server process on the new checkpoint until /health: the alternative to hot-loading),
-  fetch_s (the watcher's verification: blake3 of every file in place, no copy), and
+  fetch_s (the watcher's own check: listing, links, sizes and the small files' digests; the weights'
+  digests are checked by the server as it reads them), and
   weight_update_stat_poll_vs_raw_load (the same with the in-process wake-up hidden, as for a watcher in
   another process: only the stat of LATEST every 0.02 s sees the publish).
 - server_load_vs_raw: the CPU server's load in-process, no HTTP (``load_checked_weights`` +
   ``swap_weights_in_place``: read, copy into private memory in the served dtype, shape/dtype/finite
-  checks, pointer swap) over ``safetensors.torch.load_file`` + ``model.load_state_dict``. Medians of
+  checks, pointer swap; without a COMMIT.json to check, so no hash) over ``safetensors.torch.load_file`` + ``model.load_state_dict``. Medians of
   interleaved repetitions.
 - pause_s: median time generation stops on the server during an update (pause -> continue), measured
   while 8 client streams keep generating. The update figures are taken twice: on an idle server (the

@@ -44,6 +44,7 @@ from storage.fs import TMP_MARKER, Storage
 from storage.transfer import copy_file_hashed, hash_file
 
 logger = logging.getLogger(__name__)
+WEIGHTS_SUFFIX = ".safetensors"  # the files a verifying loader hashes itself (``defer_weights``)
 
 
 class CheckpointFetcher:
@@ -53,9 +54,12 @@ class CheckpointFetcher:
         self.storage = storage
         self.max_workers = max_workers
 
-    def verify_in_place(self, version: int, doc: dict[str, Any]) -> Path:
+    def verify_in_place(self, version: int, doc: dict[str, Any], *, defer_weights: bool = False) -> Path:
         """The local directory of ``version`` (posix root), every file checked against ``doc``
-        (its COMMIT.json). Raises CheckpointIntegrityError naming the file."""
+        (its COMMIT.json). Raises CheckpointIntegrityError naming the file.
+
+        ``defer_weights``: the ``*.safetensors`` files' sizes are checked, their digests left to a loader
+        that checks them as it reads them (``rollflow.models.verified_weights``): one read, not two."""
         path = self.storage.local_path(keys.checkpoint_dir(version))
         root = self.storage.local_path("")
         assert path is not None and root is not None
@@ -77,6 +81,8 @@ class CheckpointFetcher:
             try:
                 if (path / name).stat().st_size != expect["size"]:  # cheap early refusal
                     raise CheckpointIntegrityError(name, f"size differs from {expect['size']} in COMMIT.json")
+                if defer_weights and name.endswith(WEIGHTS_SUFFIX):
+                    return
                 check_digest(name, hash_file(path / name, algo), expect, algo)
             except FileNotFoundError:
                 raise CheckpointIntegrityError(name, "missing from storage") from None

@@ -400,17 +400,20 @@ class CheckpointStore:
 
     # --- verify / fetch (storage.checkpoint_fetch) --------------------------------------------------------
 
-    def verified_dir(self, version: int, cache_dir: str | Path) -> Path:
+    def verified_dir(self, version: int, cache_dir: str | Path, *, defer_weights: bool = False) -> Path:
         """A local directory of `version` whose every file was just checked against COMMIT.json.
 
         Posix root: the checkpoint's own directory, verified in place (nothing is copied; files that
         COMMIT.json does not list are refused too, so a loader cannot pick up an unverified file).
         S3: `fetch` into `cache_dir`. Raises CheckpointNotFoundError or CheckpointIntegrityError.
+        `defer_weights` (posix root): the `*.safetensors` files' digests are left to a loader that checks
+        them in its one read of them (`rollflow.models.verified_weights`); everything else is checked here.
         """
         if not self.storage.is_local:
             return self.fetch(version, cache_dir)
         _, doc = self._commit_doc(version)
-        return CheckpointFetcher(self.storage, self.max_workers).verify_in_place(version, doc)
+        fetcher = CheckpointFetcher(self.storage, self.max_workers)
+        return fetcher.verify_in_place(version, doc, defer_weights=defer_weights)
 
     def fetch(self, version: int, cache_dir: str | Path) -> Path:
         """Download `version` into `cache_dir/v{N:06d}`, verifying size + digest of every file.

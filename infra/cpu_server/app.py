@@ -344,6 +344,10 @@ def build_app(state: ServerState) -> web.Application:
             t0 = time.perf_counter()
             adapter = is_adapter_dir(req.model_path)
             try:
+                if adapter and req.commit is not None:
+                    raise WeightLoadError(
+                        "a LoRA adapter is verified before the load; send no commit with it"
+                    )
                 if adapter and state.base_weights is None:
                     raise WeightLoadError(
                         "a LoRA adapter merges into the base model this server started from, and the "
@@ -366,6 +370,7 @@ def build_app(state: ServerState) -> web.Application:
                         req.model_path,
                         req.load_format,
                         roots=state.args.weights_roots,
+                        commit=req.commit,
                     )
                 tensors = await asyncio.to_thread(load)
             except WeightLoadError as e:

@@ -21,8 +21,15 @@ checkpoint directory itself when the server has none), so neither an index whose
 from outside. The check runs before anything is opened or tested for existence, and the refusal names
 only the file inside the checkpoint, so the error never tells whether an outside path exists.
 
-What it is not: no checksum verification (the watcher verifies every file against COMMIT.json before it
-asks for the load; the directory may be the store's own on a local root), no pickle
+Verified in the same read: with ``commit`` (COMMIT.json's ``{"hash", "files"}``, which the checkpoint
+watcher sends with the update), config.json, the index and every weight file must be listed there, and
+each weight file is read once, straight into the new tensors, while a second thread hashes the same
+bytes (``rollflow.models.verified_weights``); a file whose size or digest differs refuses the update
+before any check or swap, so the served weights never change. The watcher then checks only the
+directory's layout (listing, links, sizes) and leaves the weights' digests to this read. Without
+``commit`` (a hand-made directory) nothing is checked against a digest.
+
+What it is not: no pickle
 (``pytorch_model.bin`` is refused), no dtype policy beyond casting to the served dtype, no remote paths.
 """
 
@@ -36,6 +43,10 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
+
+from rollflow.models.verified_weights import load_verified_safetensors, weight_files
+from storage.errors import CheckpointIntegrityError
+from storage.read_hashed import read_verified
 
 logger = logging.getLogger(__name__)
 
@@ -128,11 +139,13 @@ def load_checked_weights(
     load_format: str | None = None,
     *,
     roots: tuple[str, ...] = (),
+    commit: dict[str, Any] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read and verify every tensor of ``model_path``; returns ``{param_name: tensor}`` ready to swap.
 
     ``roots``: the server's weights roots; every file must resolve inside one of them (inside
-    ``model_path`` itself when empty). Raises ``WeightLoadError`` naming the first problem. Copies the whole checkpoint into private memory
+    ``model_path`` itself when empty). ``commit``: COMMIT.json's ``{"hash", "files"}``; each file read is
+    checked against it in the same read. Raises ``WeightLoadError`` naming the first problem. Copies the whole checkpoint into private memory
     (about one model's worth, in the served dtype), which is what keeps the swap itself pointer moves.
     """
     if load_format not in (None, "auto", "safetensors"):
@@ -141,14 +154,16 @@ def load_checked_weights(
     if not model_dir.is_dir():
         raise WeightLoadError(f"model_path {model_path!r} is not a directory")
     allowed = allowed_dirs(model_dir, roots)
-    check_config_matches(served_config, read_config(model_dir, allowed))
-
-    tensors: dict[str, torch.Tensor] = {}
-    for f in _safetensors_files(model_dir, allowed):
-        try:
-            tensors.update(load_file(str(f), device="cpu"))
-        except Exception as e:  # safetensors raises its own error types on truncated / corrupt files
-            raise WeightLoadError(f"cannot read {f.name}: {e}") from e
+    if commit is not None:
+        tensors = _read_committed(model_dir, served_config, allowed, commit)
+    else:
+        check_config_matches(served_config, read_config(model_dir, allowed))
+        tensors = {}
+        for f in _safetensors_files(model_dir, allowed):
+            try:
+                tensors.update(load_file(str(f), device="cpu"))
+            except Exception as e:  # safetensors raises its own error types on truncated / corrupt files
+                raise WeightLoadError(f"cannot read {f.name}: {e}") from e
 
     params = dict(model.named_parameters())  # tied weights appear once, under their first name
     state_names = set(model.state_dict().keys())
@@ -163,7 +178,8 @@ def load_checked_weights(
             )
         if not t.is_floating_point():
             raise WeightLoadError(f"tensor {name!r} has dtype {t.dtype}, expected a floating dtype")
-        own = torch.empty(t.shape, dtype=p.dtype).copy_(t)  # off the file's memory map, in the served dtype
+        # off the file's memory map, in the served dtype (a verified read is private memory already)
+        own = t if commit is not None and t.dtype == p.dtype else torch.empty(t.shape, dtype=p.dtype).copy_(t)
         if not _all_finite(own):
             raise WeightLoadError(f"tensor {name!r} has NaN or inf values")
         out[name] = own
@@ -171,6 +187,35 @@ def load_checked_weights(
     if extra:
         raise WeightLoadError(f"checkpoint has tensors the model does not: {extra[:5]}")
     return out
+
+
+def _read_committed(
+    model_dir: Path, served_config: dict[str, Any], allowed: tuple[str, ...], commit: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """Every tensor of ``model_dir``, each file it reads (config, index, weights) checked against
+    ``commit`` as it is read: one read per file; ``WeightLoadError`` naming the first that differs."""
+    algo, files = commit["hash"], commit["files"]
+    try:
+        if "config.json" not in files:
+            raise CheckpointIntegrityError("config.json", "not in COMMIT.json")
+        cfg_path = checked_file(model_dir, "config.json", allowed)
+        try:
+            cfg = json.loads(read_verified(cfg_path, files["config.json"], algo, "config.json"))
+        except (ValueError, RecursionError) as e:
+            raise WeightLoadError(f"config.json in {model_dir} is not valid JSON: {e}") from e
+        if not isinstance(cfg, dict):
+            raise WeightLoadError(f"config.json in {model_dir} is not a JSON object")
+        check_config_matches(served_config, cfg)
+        for name in files:  # before any is opened: nothing read through a link out of the allowed dirs
+            checked_file(model_dir, name, allowed)
+        tensors: dict[str, torch.Tensor] = {}
+        for name in weight_files(model_dir, files, algo):
+            tensors.update(load_verified_safetensors(model_dir / name, files[name], algo, name))
+        return tensors
+    except CheckpointIntegrityError as e:
+        raise WeightLoadError(f"{e} (verified as it was read; nothing loaded)") from e
+    except (KeyError, TypeError, AttributeError, ValueError) as e:  # an index without a usable weight_map
+        raise WeightLoadError(f"cannot read the checkpoint's index: {type(e).__name__}: {e}") from None
 
 
 def _all_finite(t: torch.Tensor) -> bool:

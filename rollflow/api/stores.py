@@ -121,9 +121,13 @@ class CheckpointSource(Protocol):
 
     def subscribe(self) -> threading.Event: ...  # set when this process moves LATEST forward
 
-    def verified_dir(self, version: int, cache_dir: str | Path) -> Path: ...  # in place where possible
+    def verified_dir(  # in place where possible; defer_weights: the loader checks the weights' digests
+        self, version: int, cache_dir: str | Path, *, defer_weights: bool = False
+    ) -> Path: ...
 
     def fetch(self, version: int, cache_dir: str | Path) -> Path: ...  # always a verified private copy
+
+    def get(self, version: int) -> Any: ...  # COMMIT.json as an object: .files, .hash_algo, .is_adapter
 
     def ack(
         self, version: int, server_id: str, *, state: Literal["loading", "serving"] = "serving"

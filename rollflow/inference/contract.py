@@ -24,6 +24,7 @@ What it is not: no HTTP session (the client owns its aiohttp session; blocking c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -77,6 +78,9 @@ class Engine(Protocol):
     batches: bool  # one generate call can carry a group's prompts (``generate_call`` with n > 1)
     # ... but only when they are one prompt sampled n times (vLLM's ``n``), not n different prompts
     batches_one_prompt_only: bool
+    # the server checks each weight file's digest against COMMIT.json's as it reads it (``load_weights``'s
+    # ``commit``), so the watcher need not hash the weights first: one read instead of two
+    verifies_on_load: bool
 
     def generate_call(
         self, tags: list[str], inputs: list[list[int]], sampling: SamplingParams, max_new_tokens: int
@@ -98,9 +102,19 @@ class Engine(Protocol):
     def resume(self, address: str, *, api_key: str | None, timeout_s: float) -> None: ...
 
     def load_weights(
-        self, address: str, path: str | Path, version: str, *, api_key: str | None, timeout_s: float
+        self,
+        address: str,
+        path: str | Path,
+        version: str,
+        *,
+        api_key: str | None,
+        timeout_s: float,
+        commit: Mapping[str, Any] | None = None,
     ) -> None:
         """Load the checkpoint directory ``path`` and report ``version`` (between pause and resume).
+
+        ``commit`` (``{"hash": algo, "files": {name: {"size", algo}}}``, from COMMIT.json; only for an engine
+        that ``verifies_on_load``): the server refuses any weight file whose bytes differ from it.
 
         Raises ``WeightUpdateError`` (old weights still served) or ``ServerUnavailableError``.
         """

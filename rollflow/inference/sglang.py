@@ -34,6 +34,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,7 @@ class SGLangEngine:
     pause_modes: tuple[str, ...] = PAUSE_MODES
     batches = True
     batches_one_prompt_only = False
+    verifies_on_load = False  # SGLang reads the directory itself: the watcher verifies it first
 
     def generate_call(
         self, tags: list[str], inputs: list[list[int]], sampling: SamplingParams, max_new_tokens: int
@@ -225,7 +227,14 @@ class SGLangEngine:
             self._paused_mode.pop(address, None)
 
     def load_weights(
-        self, address: str, path: str | Path, version: str, *, api_key: str | None, timeout_s: float
+        self,
+        address: str,
+        path: str | Path,
+        version: str,
+        *,
+        api_key: str | None,
+        timeout_s: float,
+        commit: Mapping[str, Any] | None = None,
     ) -> None:
         """``/update_weights_from_disk`` with the ``flush_cache`` the pause in force allows (see the module
         docstring): false after ``in_place`` (its kept requests make SGLang refuse any flush), else true so
@@ -234,8 +243,9 @@ class SGLangEngine:
             mode = self._paused_mode.get(address)
         self.check_before_load(address, path, api_key=api_key, timeout_s=timeout_s)
         body = UpdateWeightFromDiskReqInput(
-            model_path=str(path), weight_version=version, flush_cache=mode != "in_place"
-        ).to_json()
+            model_path=str(path), weight_version=version, flush_cache=mode != "in_place",
+            commit=dict(commit) if commit is not None and self.verifies_on_load else None,
+        ).to_json()  # fmt: skip
         try:
             reply = control_call(address, ROUTE_UPDATE_WEIGHTS, body, api_key=api_key, timeout_s=timeout_s)
         except ServerUnavailableError:
@@ -299,6 +309,7 @@ class LocalEngine(SGLangEngine):
     """rollflow's CPU server: SGLang's protocol, launched as ``python -m infra.cpu_server``."""
 
     name: EngineName = "local"
+    verifies_on_load = True  # infra/cpu_server/weights.py: each weight file hashed as it is read
 
     def check_before_load(
         self, address: str, path: str | Path, *, api_key: str | None, timeout_s: float

@@ -40,6 +40,9 @@ class UpdateWeightFromDiskReqInput:
     token_step: int = 0
     flush_cache: bool = True
     manifest: dict[str, Any] | None = None
+    # rollflow's CPU server only (SGLang has no such field): COMMIT.json's ``{"hash", "files"}``; every weight
+    # file must match it as it is read, or the update is refused
+    commit: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, body: Any) -> UpdateWeightFromDiskReqInput:
@@ -67,6 +70,8 @@ class UpdateWeightFromDiskReqInput:
             if not is_int(body["token_step"]):
                 raise _bad("token_step must be an integer")
             out.token_step = int(body["token_step"])
+        if body.get("commit") is not None:
+            out.commit = _parse_commit(body["commit"])
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -78,7 +83,23 @@ class UpdateWeightFromDiskReqInput:
         out["flush_cache"] = self.flush_cache  # always explicit: its right value depends on the pause mode
         if self.keep_pause:
             out["keep_pause"] = True
+        if self.commit is not None:
+            out["commit"] = self.commit
         return out
+
+
+def _parse_commit(v: Any) -> dict[str, Any]:
+    """``{"hash": str, "files": {name: {"size": int >= 0, <hash>: str}}}``, else InvalidRequestError."""
+    ok = isinstance(v, dict) and isinstance(v.get("hash"), str) and isinstance(v.get("files"), dict)
+    algo = v.get("hash") if ok else None
+    files = v.get("files") if ok else None
+    if not ok or not all(
+        isinstance(n, str) and isinstance(e, dict) and is_int(e.get("size")) and e["size"] >= 0
+        and isinstance(e.get(algo), str)
+        for n, e in files.items()
+    ):  # fmt: skip
+        raise _bad('commit must be {"hash": algo, "files": {name: {"size": int, algo: hex digest}}}')
+    return {"hash": algo, "files": files}
 
 
 def update_weights_message(weight_version: str | None) -> str:

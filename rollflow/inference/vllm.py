@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,7 @@ class VLLMEngine:
     pause_modes: tuple[str, ...] = tuple(PAUSE_MODE_MAP)
     batches = True  # a group (one prompt, n samples) is one request with sampling_params.n
     batches_one_prompt_only = True
+    verifies_on_load = False  # vLLM reads the directory itself: the watcher verifies it first
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -208,7 +210,14 @@ class VLLMEngine:
         return str(root) if root else None
 
     def load_weights(
-        self, address: str, path: str | Path, version: str, *, api_key: str | None, timeout_s: float
+        self,
+        address: str,
+        path: str | Path,
+        version: str,
+        *,
+        api_key: str | None,
+        timeout_s: float,
+        commit: Mapping[str, Any] | None = None,
     ) -> None:
         served = self.served_dir(address, api_key=api_key)
         if served and Path(served).is_dir():

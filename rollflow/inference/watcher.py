@@ -8,7 +8,10 @@ weights. Each poll, in this order:
 2. ``store.ack(N, server_id, state="loading")`` for every server, so GC keeps N while it is loaded;
 3. ``store.verified_dir(N, cache_dir)`` checks size + digest of every file against COMMIT.json **while
    the servers keep generating**: in place on a local root (nothing copied), downloaded into the cache
-   (hashing on the way) on S3, or always into the cache with ``in_place=False``;
+   (hashing on the way) on S3, or always into the cache with ``in_place=False``. On a local root, for an
+   engine that ``verifies_on_load`` (rollflow's CPU server), the weight files' digests are left to the
+   server, which hashes each file in the one read that loads it and refuses it if COMMIT.json's digest
+   differs (``defer_weights``; the watcher sends COMMIT.json's files with the load): one read, not two;
 4. per server (in parallel), through its ``Engine`` (``rollflow.inference.contract``): skip if it already
    reports version N; else ``engine.pause(mode)`` (``inference.update_pause_mode``; with "abort" in-flight
    requests return their partial output and the client resumes them, with "retract" the server keeps them
@@ -258,11 +261,16 @@ class CheckpointWatcher:
         """Load ``v`` into every live server that does not serve it; ``v`` if they all do afterwards."""
         targets = self.fleet.needing(v)
         t0 = time.perf_counter()
+        commit: dict[str, Any] | None = None
         try:
             with self.clock.during("fetching"):
                 self.fleet.ack_loading(v, targets)  # before reading any file: GC keeps what is being loaded
+                if self.in_place and self.engine.verifies_on_load:
+                    full = self.store.get(v)
+                    if not full.is_adapter:  # the server hashes the weights as it reads them
+                        commit = {"hash": full.hash_algo, "files": full.files}
                 if self.in_place:
-                    local = self.store.verified_dir(v, self.cache_dir)
+                    local = self.store.verified_dir(v, self.cache_dir, defer_weights=commit is not None)
                 else:
                     local = self.store.fetch(v, self.cache_dir)
         except Exception as e:  # CheckpointIntegrityError / CheckpointNotFoundError / storage errors
@@ -273,10 +281,10 @@ class CheckpointWatcher:
 
         with self.clock.during("updating"):  # the round trips to the servers; ``loading`` while one is paused
             if len(targets) <= 1:
-                results = [self.loader.update(a, local, v) for a in targets]
+                results = [self.loader.update(a, local, v, commit) for a in targets]
             else:
                 with ThreadPoolExecutor(max_workers=len(targets)) as pool:
-                    results = list(pool.map(lambda a: self.loader.update(a, local, v), targets))
+                    results = list(pool.map(lambda a: self.loader.update(a, local, v, commit), targets))
         failed = []
         for addr, (status, _, msg) in zip(targets, results, strict=True):
             if status == "ok":

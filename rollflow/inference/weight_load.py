@@ -70,8 +70,11 @@ class ServerLoader:
             self._n_paused += delta
             self.clock.enter("loading" if self._n_paused > 0 else "updating")
 
-    def update(self, addr: str, local: Path, v: int) -> tuple[LoadStatus, float, str]:
-        """Pause -> load -> resume one server through its engine; ``(status, pause_s, error)``."""
+    def update(
+        self, addr: str, local: Path, v: int, commit: dict[str, Any] | None = None
+    ) -> tuple[LoadStatus, float, str]:
+        """Pause -> load -> resume one server through its engine; ``(status, pause_s, error)``. ``commit``:
+        COMMIT.json's ``{"hash", "files"}`` for an engine that checks the weights as it reads them."""
         kw: dict[str, Any] = {"api_key": self.api_key, "timeout_s": 30.0}
         eng = self.engine
         try:
@@ -81,7 +84,9 @@ class ServerLoader:
             eng.pause(addr, self.pause_mode, **kw)
             self._paused(+1)
             try:
-                eng.load_weights(addr, local, str(v), api_key=self.api_key, timeout_s=self.request_timeout_s)
+                eng.load_weights(
+                    addr, local, str(v), api_key=self.api_key, timeout_s=self.request_timeout_s, commit=commit
+                )
             finally:
                 try:
                     with contextlib.suppress(ServerUnavailableError):  # it died: the pause died with it

@@ -31,6 +31,7 @@ from rollflow.api.inference import GenerateRequest, SamplingParams
 from rollflow.api.metrics import InMemorySink
 from rollflow.inference.client import EngineClient
 from rollflow.inference.routing import control_call
+from rollflow.inference.sglang import LocalEngine
 from rollflow.inference.watcher import CheckpointWatcher, default_server_id
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
@@ -236,6 +237,33 @@ def test_corrupt_checkpoint_keeps_the_old_version_serving(
     assert greedy_tokens(addr) == [int(x) for x in _greedy_ref(tiny_model_dir, inference_lib)]
 
 
+def test_the_cpu_server_verifies_the_weights_in_the_read_that_loads_them(
+    tmp_path: Path, tiny_model_dir: Path, tiny_model_dir_b: Path, inference_lib: Any
+) -> None:
+    own = CheckpointStore(Storage.open(str(tmp_path / "store"), "exp", "one-read"))
+    own.publish(tiny_model_dir, 0)
+    own.publish(tiny_model_dir_b, 1)
+    stored = own.storage.local_path("checkpoints/v000001/model.safetensors")
+    assert stored is not None
+    data = bytearray(stored.read_bytes())
+    data[-100] ^= 0xFF  # same size, other digest: only a hash of the bytes can tell
+    stored.write_bytes(bytes(data))
+    with inference_lib.launch_cpu_servers(tiny_model_dir, 1) as fresh:
+        addr = fresh.addresses[0]
+        before = greedy_tokens(addr)
+        w = CheckpointWatcher(own, fresh.addresses, cache_dir=tmp_path / "cache", engine=LocalEngine())
+        w.serving_version = 0
+        assert w.poll_once() is None
+        # the watcher left the weights' digest to the server, which refused them as it read them
+        msg = w.errors[-1].message
+        assert "fetch failed" not in msg and "model.safetensors" in msg and "verified as it was read" in msg
+        assert served_version(addr) == "0" and greedy_tokens(addr) == before  # v0's weights still serve
+
+        own.publish(tiny_model_dir_b, 2)  # intact: loads through the same one-read path
+        assert w.poll_once() == 2 and served_version(addr) == "2"
+        assert greedy_tokens(addr) == [int(x) for x in _greedy_ref(tiny_model_dir_b, inference_lib)]
+
+
 def _greedy_ref(model_dir: Path, lib: Any, n: int = 12) -> list[int]:
     ids = list(PROMPT)
     for _ in range(n):
@@ -382,10 +410,10 @@ class _PublishAndCollectWhileLoading:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def verified_dir(self, version: int, cache_dir: str | Path) -> Path:
+    def verified_dir(self, version: int, cache_dir: str | Path, *, defer_weights: bool = False) -> Path:
         self.inner.publish(self.newer, version + 1)
         self.collected += self.inner.gc(keep_last=1)  # keeps only version + 1 -- unless an ack protects
-        return self.inner.verified_dir(version, cache_dir)
+        return self.inner.verified_dir(version, cache_dir, defer_weights=defer_weights)
 
 
 def test_gc_cannot_delete_the_version_a_server_is_loading(

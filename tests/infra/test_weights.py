@@ -67,3 +67,31 @@ def test_a_bf16_checkpoint_is_cast_to_the_served_dtype(tiny_model_dir: Path, tmp
     assert {t.dtype for t in out.values()} == {torch.float32}
     name = "model.norm.weight"
     assert torch.equal(out[name], tensors[name].to(torch.float32))
+
+
+def _commit(ck: Path) -> dict[str, Any]:
+    from storage.transfer import hash_file
+
+    files = {
+        p.name: {"size": p.stat().st_size, "blake3": hash_file(p, "blake3").digest} for p in ck.iterdir()
+    }
+    return {"hash": "blake3", "files": files}
+
+
+def test_with_commit_a_changed_weight_byte_is_refused_and_nothing_loads(
+    tiny_model_dir: Path, tiny_model_dir_b: Path, tmp_path: Path
+) -> None:
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_model_dir_b, ck)
+    commit = _commit(ck)
+    model, cfg = _served(tiny_model_dir)
+    tensors = load_checked_weights(model, cfg, str(ck), commit=commit)  # the bytes COMMIT.json names: loads
+    assert torch.equal(tensors["model.norm.weight"], load_file(ck / "model.safetensors")["model.norm.weight"])
+    path = ck / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF  # same size, other digest
+    path.write_bytes(bytes(data))
+    with pytest.raises(WeightLoadError, match="model.safetensors.*blake3.*COMMIT.json"):
+        load_checked_weights(model, cfg, str(ck), commit=commit)
+    with pytest.raises(WeightLoadError, match="config.json.*not in COMMIT.json"):
+        load_checked_weights(model, cfg, str(ck), commit={"hash": "blake3", "files": {}})
