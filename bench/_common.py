@@ -122,3 +122,18 @@ def unwarmed_tiny_model(out: Path) -> Path:
     from rollflow.models import bootstrap_tiny_model
 
     return bootstrap_tiny_model(TinyModelConfig(warm_start_steps=0), out, seed=0)
+
+
+def hash_throughput(algo: str, *, parallel: bool = False, mib: int = 64, reps: int = 4) -> float:
+    """MB/s of one hasher over `mib` MiB in memory: one core, or (`parallel`, blake3) all cores.
+    The best of `reps` passes (the machine is shared: the best pass is the least disturbed)."""
+    from storage.transfer import new_hasher
+
+    data = os.urandom(mib * 2**20)
+    new_hasher(algo, parallel=parallel).update(data)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        new_hasher(algo, parallel=parallel).update(data)
+        best = min(best, time.perf_counter() - t0)
+    return mib * 2**20 / 1e6 / best

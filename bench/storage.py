@@ -59,14 +59,13 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from bench._common import interleaved, median, moto_server, ratio, report
+from bench._common import hash_throughput, interleaved, median, moto_server, ratio, report
 from storage import keys
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
 from storage.schema import TrajectoryGroup, TrajectoryRow, groups_to_table, table_to_groups
 from storage.shard_reader import ShardReader
 from storage.shard_writer import ShardWriter
-from storage.transfer import new_hasher
 
 N_GROUPS, ROWS_PER_GROUP, PROMPT_LEN, GEN_LEN = 32, 8, 128, 384  # 256 rows x 512 tokens = 131k tokens
 
@@ -274,19 +273,6 @@ def bench_checkpoints(
         "files": sorted(ref.files),
         "hash": ref.hash_algo,
     }
-
-
-def hash_throughput(algo: str, *, parallel: bool = False, mib: int = 64, reps: int = 4) -> float:
-    """MB/s of one hasher over `mib` MiB in memory: one core, or (`parallel`, blake3) all cores.
-    The best of `reps` passes (the machine is shared: the best pass is the least disturbed)."""
-    data = os.urandom(mib * 2**20)
-    new_hasher(algo, parallel=parallel).update(data)
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        new_hasher(algo, parallel=parallel).update(data)
-        best = min(best, time.perf_counter() - t0)
-    return mib * 2**20 / 1e6 / best
 
 
 def bench_deltas(args: argparse.Namespace, scratch: Path) -> tuple[dict[str, float], dict[str, Any]]:

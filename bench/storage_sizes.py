@@ -48,8 +48,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bench import qwen2_shapes
-from bench._common import interleaved, median, ratio
-from bench.storage import hash_throughput
+from bench._common import hash_throughput, interleaved, median, ratio
 from rollflow.models.verified_weights import load_verified_dir, load_verified_safetensors
 from rollflow.training.publish import CheckpointPublisher, tied_aliases
 from storage import keys

@@ -152,3 +152,75 @@ def test_the_prefect_layer_defines_only_glue_classes() -> None:
     found = defined_classes("tasks") + defined_classes("flows")
     assert [c for c in found if c not in PREFECT_GLUE] == []  # move it to the core (rollflow/, infra/)
     assert sorted(set(PREFECT_GLUE) - set(found)) == []  # a stale entry: drop it from the list
+
+
+# --- import circles ---------------------------------------------------------------------------------------
+
+PACKAGES = ("rollflow", "storage", "infra", "tasks", "flows", "bench")
+
+
+def _module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of this tree it imports (any import that can run, deferred ones too: a
+    function-level import is still a dependency, only a cheaper one)."""
+    files = {_module_of(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        targets = set()
+        for _, name in imported_modules(path.read_text()):
+            while name and name not in files:  # `from a.b import c` names module a.b (or package a)
+                name = name.rpartition(".")[0]
+            if name and name != mod and not mod.startswith(name + "."):  # a package's own __init__
+                targets.add(name)
+        graph[mod] = targets
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    assert circles(import_graph()) == []  # break it: move what both need below both
+
+
+def test_the_circle_finder_sees_deferred_imports() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+    source = "def f():\n    from bench.rollout import tiny_model\n"
+    assert [m for _, m in imported_modules(source)] == ["bench.rollout"]
