@@ -14,9 +14,10 @@ A trial is named the same way everywhere: the word after the command (``resume T
 Where it looks: ``--config`` defaults to the demo's config (``configs/tiny_hard.yaml``, the one ``make demo``
 trains), found in the checkout from any directory; a relative ``--config`` is looked up in the current
 directory, then in the checkout. Relative paths inside the config (``storage.root: runs/storage``,
-``model.path``) are relative to the project directory: ``$ROLLFLOW_PROJECT_DIR`` when set, else the folder
-that holds the config's ``configs/`` folder (the checkout, for the shipped configs), else the current
-directory. So ``rollflow ls`` lists the demo's trials from anywhere. ``resume`` and ``eval`` find a trial
+``model.path``) are relative to the project directory, as for ``RLRun``
+(``rollflow.configuration.project_dir``): ``$ROLLFLOW_PROJECT_DIR`` when set, else the current directory.
+So ``rollflow ls`` in a folder lists the trials made there, by ``make demo`` in the checkout or by an
+``RLRun`` script in a folder of your own. ``resume`` and ``eval`` find a trial
 stored under another experiment of the same root (``_find_experiment``); ``inspect`` decodes with the
 tokenizer of the model the trial recorded.
     rollflow query TRIAL "SELECT ..." [--config C] [--format F]      SQL over the committed trajectories
@@ -43,12 +44,10 @@ It lives in ``flows/`` (not ``rollflow/``) because it calls flows, and ``rollflo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from flows.console import VERBOSE_HELP
@@ -56,13 +55,13 @@ from flows.preflight import CommandError, check_checkpoint, check_trial
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import ConfigError
 from rollflow.configuration.loader import load_config
+from rollflow.configuration.project_dir import in_dir, project_dir, runs_hint
 from storage.errors import CheckpointNotFoundError
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 # The demo's config: `make demo` trains it, so `rollflow ls` / `resume NAME` find the demo's trials.
 DEFAULT_CONFIG = "configs/tiny_hard.yaml"
 PLAN_CONFIG = "configs/gsm8k_qwen.yaml"
-PROJECT_DIR_ENV = "ROLLFLOW_PROJECT_DIR"
 USAGE_STATUS = 2  # argparse's status for a command line that cannot work
 
 
@@ -75,37 +74,15 @@ def find_config(path: str) -> str:
     return str(given.resolve()) if given.is_file() else path
 
 
-def project_dir(config: str | None) -> Path:
-    """Where a config's relative paths point (module docstring); ``config`` absolute or as found here."""
-    if os.environ.get(PROJECT_DIR_ENV):
-        return Path(os.environ[PROJECT_DIR_ENV]).expanduser().resolve()
-    if config:
-        folder = Path(config).resolve().parent
-        if folder.name == "configs":
-            return folder.parent
-    return Path.cwd()
-
-
 def config_path(path: str) -> tuple[str, Path]:
     """(the config as the command uses it, the project directory it runs in): the config is written
     relative to the project directory when it lies inside it."""
     found = find_config(path)
-    project = project_dir(found)
+    project = project_dir()
     try:
         return str(Path(found).relative_to(project)), project
     except ValueError:
         return found, project
-
-
-@contextlib.contextmanager
-def in_dir(folder: Path) -> Iterator[None]:
-    """Run with ``folder`` as the working directory; put the old one back after."""
-    before = Path.cwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(before)
 
 
 def _deprecated(command: str, old: str, new: str) -> None:
@@ -183,7 +160,7 @@ def _ls(args: argparse.Namespace) -> int:
     if not one:
         where = where.rsplit("/", 1)[0]
     if not shown:
-        print(f"no trial is stored under {where} (`rollflow run` starts one)")
+        print(f"no trial is stored under {where}{runs_hint(cfg.storage.root)} (`rollflow run` starts one)")
         return 0
     print(f"{shown} trial(s) under {where}")
     return 0
@@ -478,7 +455,7 @@ def _main(argv: list[str]) -> int:
         from rollflow.rollout.inspect import main as inspect_main
 
         words = _inspect_argv(argv[1:])
-        project = Path.cwd()
+        project = project_dir()
         if "--config" in words:
             at = words.index("--config") + 1
             words[at], project = config_path(words[at])
@@ -494,9 +471,13 @@ def _main(argv: list[str]) -> int:
         args.overrides += extra  # dotted overrides after the options (argparse stops at the first option)
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    project = Path.cwd()
+    project = project_dir()
     if getattr(args, "config", None):
         args.config, project = config_path(args.config)
+    if (
+        str(project) not in sys.path
+    ):  # a `module:function` reward in the project imports, as for `python x.py` there
+        sys.path.append(str(project))
     with in_dir(project):
         return _dispatch(args)
 

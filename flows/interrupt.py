@@ -11,6 +11,9 @@ What it is:
     rollflow: stopped by Ctrl-C; kept trial demo-20261125-004512-3f2a (resume point at version 6;
     checkpoints up to v7). Resume it with: rollflow resume demo-20261125-004512-3f2a --config configs/tiny_cpu.yaml
 
+  and ``rlrun_kept_line``, what ``RLRun.train()`` prints before it re-raises the ``KeyboardInterrupt``:
+  the command that resumes the trial from the project directory, and the Python call.
+
 The exit status is ``INTERRUPTED_STATUS`` (130 = 128 + SIGINT, the shell's convention).
 What it is not: the stop itself: the flow stops its loops, the trainer writes its resume point and
 the servers go (flows/async_rl.py); nothing here touches storage except to read what was kept.
@@ -23,6 +26,7 @@ import logging
 import shlex
 from collections.abc import Iterator
 
+from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.trial_storage import open_trial_storage
 
 INTERRUPTED_STATUS = 130
@@ -46,16 +50,18 @@ def resume_command(trial: str, config: str | None, overrides: list[str]) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-def _kept(trial: str, config: str | None, overrides: list[str]) -> str:
-    """What storage holds of ``trial``: its newest resume point and checkpoint, or that it holds nothing."""
-    from rollflow.configuration.loader import load_config
+def _kept(cfg: ExperimentConfig, trial: str) -> str:
+    """What storage holds of ``trial``: its newest resume point and checkpoint, or that it holds nothing
+    (or, when storage cannot be read, that it could not say: the line must come out anyway)."""
     from rollflow.training.resume import list_resume_steps
     from storage.checkpoints import CheckpointStore
 
-    cfg = load_config(config, [*overrides, f"trial={trial}"])
-    storage = open_trial_storage(cfg, trial)
-    steps = list_resume_steps(storage)
-    latest = CheckpointStore(storage).latest_version()
+    try:
+        storage = open_trial_storage(cfg, trial)
+        steps = list_resume_steps(storage)
+        latest = CheckpointStore(storage).latest_version()
+    except Exception as e:  # noqa: BLE001
+        return f"could not read what was kept: {type(e).__name__}"
     point = f"resume point at version {steps[-1]}" if steps else "no resume point yet: training restarts at 0"
     return point + (f"; checkpoints up to v{latest}" if latest is not None else "")
 
@@ -63,13 +69,32 @@ def _kept(trial: str, config: str | None, overrides: list[str]) -> str:
 def kept_line(trial: str, config: str | None, overrides: list[str], *, shown: list[str]) -> str:
     """The one line printed after Ctrl-C (module docstring). ``overrides`` open the trial's storage;
     the resume command shows only ``shown`` (the public ones: a credential never goes to the console)."""
+    from rollflow.configuration.loader import load_config
+
     try:
-        kept = _kept(trial, config, overrides)
-    except Exception as e:  # noqa: BLE001 (the line must come out even when storage cannot be read)
+        kept = _kept(load_config(config, [*overrides, f"trial={trial}"]), trial)
+    except Exception as e:  # noqa: BLE001 (a config that no longer loads: the line still comes out)
         kept = f"could not read what was kept: {type(e).__name__}"
     return (
         f"rollflow: stopped by Ctrl-C; kept trial {trial} ({kept}). "
         f"Resume it with: {resume_command(trial, config, shown)}"
+    )
+
+
+def rlrun_kept_line(cfg: ExperimentConfig, trial: str) -> str:
+    """The line ``RLRun.train()`` prints after Ctrl-C: the same, with the command that resumes it from
+    the project directory (the recorded config does the rest; only a storage root other than the
+    default's is named) and the Python call that does the same."""
+    from rollflow.configuration.project_dir import project_dir
+
+    located = [f"experiment={cfg.experiment}"]
+    if cfg.storage.root != ExperimentConfig().storage.root:
+        located.append(f"storage.root={cfg.storage.root}")
+    command = " ".join(shlex.quote(w) for w in ["rollflow", "resume", trial, *located])
+    return (
+        f"rollflow: stopped by Ctrl-C; kept trial {trial} ({_kept(cfg, trial)}). "
+        f"Resume it with: {command} (in {project_dir()}), or in Python: "
+        f"RLRun(..., trial={trial!r}).train(resume=True)"
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.configuration.loader import load_config
+from rollflow.configuration.project_dir import runs_hint
 from rollflow.configuration.trial_storage import open_trial_storage
 from storage.fs import Storage
 
@@ -74,8 +75,8 @@ def check_trial(config: str | None, overrides: list[str], *, trial: str | None, 
         choose_trial(cfg.trial, named=named, resume=resume, open_storage=lambda t: _open(cfg, t))
     except NothingToResumeError:
         raise CommandError(
-            f"trial {named!r} holds no data under {_experiment_uri(cfg)}; {_trials_there(cfg)}. "
-            "`rollflow run` starts a new trial (`--trial NAME` names it)"
+            f"trial {named!r} holds no data under {_experiment_uri(cfg)}{runs_hint(cfg.storage.root)}; "
+            f"{_trials_there(cfg)}. `rollflow run` starts a new trial (`--trial NAME` names it)"
         ) from None
     except TrialExistsError:
         raise CommandError(
@@ -92,7 +93,8 @@ def check_checkpoint(config: str | None, overrides: list[str], *, trial: str, ve
     committed = CheckpointStore(_open(cfg, cfg.trial)).list_committed()
     if not committed:
         raise CommandError(
-            f"trial {trial!r} has no committed checkpoint under {_experiment_uri(cfg)}; {_trials_there(cfg)}. "
+            f"trial {trial!r} has no committed checkpoint under {_experiment_uri(cfg)}"
+            f"{runs_hint(cfg.storage.root)}; {_trials_there(cfg)}. "
             f"Check the name (and --config: this one is {config}), or train it first with `rollflow run`"
         )
     if version >= 0 and version not in committed:

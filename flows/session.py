@@ -16,7 +16,10 @@ It only turns Python objects into an ``ExperimentConfig``; there is no second co
 
 * ``dataset``: a list of dicts, a ``datasets.Dataset`` / ``DatasetDict`` (splits ``train`` and ``test``)
   or a path/glob the ``files`` loader reads. In-memory rows are written once as JSONL under
-  ``runs/datasets/<content hash>/`` and the config points a ``files`` dataset at them. Without
+  ``runs/datasets/<content hash>/`` and the config points a ``files`` dataset at them.
+  Relative paths (these, the config's ``runs/storage``, a model directory) are the project directory's
+  (``rollflow.configuration.project_dir``: ``$ROLLFLOW_PROJECT_DIR``, else the current directory), the
+  same rule ``rollflow ls`` / ``resume`` / ``query`` follow, so they find the trial there. Without
   ``eval_dataset`` (or a ``test`` split), a seeded tenth of the rows (at most 200) is held out.
   Columns: ``messages`` (chat messages) or ``prompt`` / ``question`` (text), and ``answer``.
 * ``reward_fn``: ``fn(prompt, completion, answer, **data) -> float`` or ``"pkg.module:name"``. A function
@@ -39,6 +42,7 @@ import hashlib
 import json
 import random
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -46,6 +50,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from rollflow.api.config import ExperimentConfig, ReasoningGymConfig
 from rollflow.api.errors import RollflowError
 from rollflow.configuration.loader import load_config, read_yaml, to_dict
+from rollflow.configuration.project_dir import in_project
 from rollflow.configuration.trial_storage import open_trial_storage
 from rollflow.rewards.inprocess import is_in_process, register_reward
 from rollflow.rewards.protocol import reward_fn_name
@@ -253,6 +258,24 @@ class RLRun:
         trial: str | None = None,
         experiment: str | None = None,
     ) -> None:
+        with in_project():  # relative paths (a YAML, the model, runs/datasets) are the project's
+            self.settings: ExperimentConfig = self._settings(
+                model, dataset, reward_fn, config, eval_dataset, trial, experiment
+            )
+        self.trial: str | None = trial
+        self.summary: dict[str, Any] | None = None
+
+    @staticmethod
+    def _settings(
+        model: str | Path | None,
+        dataset: DatasetInput | None,
+        reward_fn: Callable[..., float] | str | None,
+        config: str | Path | ExperimentConfig | Mapping[str, Any] | None,
+        eval_dataset: DatasetInput | None,
+        trial: str | None,
+        experiment: str | None,
+    ) -> ExperimentConfig:
+        """The ``ExperimentConfig`` of these arguments (class docstring)."""
         if isinstance(config, ExperimentConfig):
             tree = to_dict(config)
         elif isinstance(config, Mapping):
@@ -281,9 +304,7 @@ class RLRun:
             tree["trial"] = trial
         elif not isinstance(config, ExperimentConfig) and "trial" not in tree:
             tree["trial"] = "rlrun"  # new trials are rlrun-<date>-<time>-<hex>
-        self.settings: ExperimentConfig = load_config(data=tree)
-        self.trial: str | None = trial
-        self.summary: dict[str, Any] | None = None
+        return load_config(data=tree)
 
     @property
     def in_process_reward(self) -> bool:
@@ -295,10 +316,19 @@ class RLRun:
     def train(self, *, resume: bool = False) -> dict[str, Any]:
         """Run the ``async-rl`` flow in this process; returns its summary (and remembers the trial)."""
         from flows.async_rl import async_rl
+        from flows.interrupt import rlrun_kept_line
         from flows.local_api import local_prefect_api
+        from rollflow.trials import expand_trial_name, fresh_trial_name
 
-        with local_prefect_api():
-            summary = async_rl(settings=self.settings, trial=self.trial, resume=resume)
+        # named before the flow starts, so that Ctrl-C can say which trial it kept
+        trial = expand_trial_name(self.trial) if self.trial else fresh_trial_name(self.settings.trial)
+        try:
+            with in_project(), local_prefect_api():
+                summary = async_rl(settings=self.settings, trial=trial, resume=resume)
+        except KeyboardInterrupt:
+            with in_project():
+                print(rlrun_kept_line(self.settings, trial), file=sys.stderr, flush=True)
+            raise
         self.trial, self.summary = summary["trial"], summary
         return summary
 
@@ -309,7 +339,7 @@ class RLRun:
         from flows.evaluate import evaluate
         from flows.local_api import local_prefect_api
 
-        with local_prefect_api():
+        with in_project(), local_prefect_api():
             return evaluate(config=None, settings=self._cfg(), version=version, split=split)
 
     def trajectories(self, limit: int = 20) -> list[dict[str, Any]] | pd.DataFrame:
@@ -319,8 +349,8 @@ class RLRun:
         from rollflow.rollout.inspect import sample_trajectories
 
         cfg = self._cfg()
-        storage = open_trial_storage(cfg)
-        rows = sample_trajectories(storage, cfg.model.path, limit=limit)
+        with in_project():
+            rows = sample_trajectories(open_trial_storage(cfg), cfg.model.path, limit=limit)
         try:
             import pandas as pd
         except ImportError:
@@ -334,7 +364,8 @@ class RLRun:
             raise SessionError("this RLRun has no trial yet: call train() first, or pass trial=")
         from rollflow.viewer.trial import query_trial
 
-        return query_trial(self._cfg(), sql, params).to_pandas()
+        with in_project():
+            return query_trial(self._cfg(), sql, params).to_pandas()
 
     def submit(self, deployment: str = "async-rl/local", *, wait: bool = False) -> FlowRun:
         """Start a run of ``deployment`` with these settings; returns the flow run (finished if ``wait``)."""

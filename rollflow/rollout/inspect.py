@@ -185,12 +185,14 @@ def format_table(rows: Sequence[dict[str, Any]], *, width: int = 48) -> str:
 
 def no_such_trial(root: str, experiment: str, trial: str, options: dict[str, Any]) -> str:
     """The message for a trial name that holds nothing: the trials that are there, and how to list them."""
+    from rollflow.configuration.project_dir import runs_hint
     from storage.trial_list import experiment_uri, trial_names
 
     names = trial_names(root, experiment, options)
     there = "trials there: " + ", ".join(names[-10:]) if names else "no trial is stored there"
     more = f" (and {len(names) - 10} more)" if len(names) > 10 else ""
-    return f"no such trial: {trial} under {experiment_uri(root, experiment, options)}; {there}{more} (`rollflow ls` lists them)"
+    where = experiment_uri(root, experiment, options) + runs_hint(root)
+    return f"no such trial: {trial} under {where}; {there}{more} (`rollflow ls` lists them)"
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m rollflow.rollout.inspect") -> int:

@@ -1,6 +1,7 @@
 """The ``rollflow`` command names a trial one way and finds its config and trials from any directory
 (flows/cli.py): ``eval TRIAL`` and ``inspect TRIAL`` (the old ``--trial T`` and ``trial=T`` still work and
-say so), the demo's config as the default, relative paths in a config relative to its project, and ``ls``
+say so), the demo's config as the default, relative paths in a config relative to the project directory
+(``$ROLLFLOW_PROJECT_DIR``, else the current directory), and ``ls``
 over every experiment under the storage root. Storage only: no Prefect starts in these tests.
 """
 
@@ -29,8 +30,10 @@ def test_the_default_config_is_the_demos_and_is_found_from_any_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert DEFAULT_CONFIG == "configs/tiny_hard.yaml"  # what `make demo` trains (Makefile DEMO_CONFIG)
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(CHECKOUT)
     assert config_path(DEFAULT_CONFIG) == (DEFAULT_CONFIG, CHECKOUT)  # run in the checkout, config in it
+    monkeypatch.chdir(tmp_path)  # elsewhere: the checkout's config, the current directory's runs/
+    assert config_path(DEFAULT_CONFIG) == (str(CHECKOUT / DEFAULT_CONFIG), tmp_path)
 
 
 def test_ls_lists_every_experiment_and_config_paths_are_project_relative(
@@ -44,6 +47,11 @@ def test_ls_lists_every_experiment_and_config_paths_are_project_relative(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
+    assert main(["ls", "--config", str(project / "configs" / "mine.yaml")]) == 0
+    out = capsys.readouterr().out  # runs/ is the current directory's, wherever the config is
+    assert f"no trial is stored under {elsewhere / 'runs' / 'storage'}" in out, out
+    assert f"(runs/storage is resolved in {elsewhere}: run the command in the directory" in out, out
+    monkeypatch.setenv("ROLLFLOW_PROJECT_DIR", str(project))
     assert main(["ls", "--config", str(project / "configs" / "mine.yaml")]) == 0
     out = capsys.readouterr().out
     assert "experiment rlrun-tiny" in out and "experiment tiny-add-gap" in out, out

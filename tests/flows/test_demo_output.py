@@ -4,7 +4,7 @@ Runs the command `make demo DEMO_CONFIG=configs/tiny_cpu.yaml` runs (`python -m 
 smoke config, shortened to 30 steps, in a subprocess with a fresh storage root and MLflow store (as CI's
 clean clone has), against the session's Prefect server, and checks what came out on stdout + stderr:
 
-- at most 40 lines, counting the command line make echoes;
+- at most 40 lines, counting the command line make echoes, with no WARNING and no traceback;
 - one progress line per 10 % of training (steps 3, 6, ..., 30), with reward, held-out accuracy,
   completions/s and staleness;
 - the summary `bench.demo_check` reads (before < after) and the `time:` line, at the end;
@@ -76,6 +76,8 @@ def test_the_demo_prints_a_short_story_with_progress_lines_and_the_summary(
     lines = out.splitlines()
 
     assert len(lines) + MAKE_ECHO <= MAX_LINES, f"{len(lines)} lines:\n{out}"
+    noisy = [line for line in lines if re.search(r"\bWARNING\b|Traceback|Warning:", line)]
+    assert not noisy, "\n".join(noisy)  # no WARNING and no traceback in what the demo prints
 
     progress = [re.search(r"progress (\d+)/(\d+) \((\d+)%\): (.*)$", line) for line in lines]
     progress = [m for m in progress if m]
