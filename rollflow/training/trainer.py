@@ -84,6 +84,11 @@ KEEP_RESUME_POINTS = 2
 class Trainer:
     """See the module docstring. Construct on every rank (torchrun) with the same config."""
 
+    def _version_ceiling(self) -> int | None:
+        """``max(LATEST, self.version)``: the newest version a trained token may carry (see ``setup``)."""
+        latest = self.store.latest_version()
+        return self.version if latest is None else max(latest, self.version)
+
     def __init__(
         self,
         cfg: ExperimentConfig,
@@ -139,10 +144,11 @@ class Trainer:
         # Token ids are checked against the policy's vocabulary at read time: a shard holding an id the
         # embedding cannot look up is quarantined, instead of crashing this step and every restart.
         vocab = int(D.unwrap(self.model).get_input_embeddings().num_embeddings)  # DDP wraps the module
-        # A trained token newer than the newest published policy (LATEST, not this trainer's own version,
-        # which runs ahead of it until published) came from no served policy: the group is refused.
+        # A trained token newer than every policy that could have generated it is refused: the ceiling is
+        # the newer of LATEST and this trainer's own version (a trainer resumed from an older point trains
+        # tokens up to LATEST; a version it made but has not published yet may already be LATEST's next).
         self.reader = (
-            ShardReader(self.storage, vocab_size=vocab, version_ceiling=self.store.latest_version)
+            ShardReader(self.storage, vocab_size=vocab, version_ceiling=self._version_ceiling)
             if ctx.is_main
             else None
         )

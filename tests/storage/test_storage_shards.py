@@ -58,7 +58,8 @@ def test_round_trip(storage: Storage) -> None:
     assert got.writer == w.writer_id and res.dropped_stale == 0 and res.quarantined == 0
     assert len(res.commit_latency_s) == 3 and all(x >= 0 for x in res.commit_latency_s)
     assert reader.stats == {
-        "groups_read": 5, "dropped_stale": 0, "duplicates": 0, "quarantined": 0, "commits_seen": 3
+        "groups_read": 5, "dropped_stale": 0, "duplicates": 0, "quarantined": 0, "commits_seen": 3,
+        "refused_version": 0,
     }  # fmt: skip
     assert reader.take(100).groups == []
     recs = reader.list_commits(include_consumed=True)
