@@ -67,6 +67,9 @@ class ServerHandle(Protocol):
     @property
     def addresses(self) -> list[str]: ...
 
+    @property
+    def supervisor(self) -> Supervisor | None: ...  # restarts dead servers (a supervised ServerGroup)
+
     def pids(self) -> dict[str, int]: ...
 
     def stop(self) -> None: ...
@@ -77,6 +80,7 @@ class ExternalServers:
 
     def __init__(self, addresses: list[str]) -> None:
         self.addresses = list(addresses)
+        self.supervisor: Supervisor | None = None  # not ours to restart
 
     def stop(self) -> None:
         return None

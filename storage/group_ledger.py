@@ -16,7 +16,7 @@ trained. Listing is incremental (``PartitionLister``); each record and document 
 are immutable; a credit document changes only when a restarted trainer decides a commit again, and
 such a change is picked up by a new ledger, i.e. at the next rollout restart).
 
-What it is not: a reader of shards, or the capacity formula (``rollflow.rollout.staleness``).
+What it is not: a reader of shards, or the capacity formula (``rollflow.api.staleness``).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def rollout_loop(
         clock=timeline.role("weights", initial="waiting"),
     )
     link = FleetLink(client, watcher)
-    supervisor = getattr(fleet, "supervisor", None)
+    supervisor = fleet.supervisor if fleet is not None else None
     if supervisor is not None:
         supervisor.add_listener(link)
     watcher.start()
@@ -122,7 +122,7 @@ def rollout_loop(
         raise ServerLostError(f"rollout stopped: {fatal[0]}")
     logger.info("rollout finished: %s", summary.brief())
     out = dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)
-    out["weight_updates"] = len(getattr(watcher, "events", []))
+    out["weight_updates"] = len(watcher.events)
     if supervisor is not None:
         out["server_restarts"] = sum(supervisor.restarts.values())
         out["servers_lost"] = len(supervisor.lost)

@@ -11,6 +11,8 @@ are exempt, because they never run):
   and it is only contracts: of ours it imports ``rollflow.api`` alone (the loader, redaction and the
   rest of the machinery live in ``rollflow/configuration/`` and the modules that implement them).
 * Inside ``rollflow/`` only ``rollflow/tracking/`` imports mlflow; the loops see a ``MetricsSink``.
+* Inside ``rollflow/`` the subpackages sit on the floors of ``ROLLFLOW_FLOORS`` (bottom to top): each imports
+  only from lower floors, so rollflow's packages form no import circle.
 * ``tasks/`` and ``flows/`` are a thin Prefect layer: they define no classes but the Prefect glue listed
   in ``PREFECT_GLUE`` (each with why it is glue); anything else belongs in the core.
 """
@@ -224,3 +226,72 @@ def test_the_circle_finder_sees_deferred_imports() -> None:
     assert circles(graph) == [["a", "b", "c"]]
     source = "def f():\n    from bench.rollout import tiny_model\n"
     assert [m for _, m in imported_modules(source)] == ["bench.rollout"]
+
+
+# --- rollflow's floors ------------------------------------------------------------------------------------
+
+# rollflow's subpackages (and its top-level modules), bottom to top (docs/architecture.md, "Layers"): a unit
+# imports only units on lower floors, never one on its own floor or above. A new subpackage needs a floor.
+ROLLFLOW_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("api",),  # the contracts, and the rules every floor shares (loopback, staleness)
+    ("clock", "rewards"),  # each role's wall time; reward functions and their runners
+    ("inference",),  # clients, engines, the checkpoint watcher (which keeps a clock)
+    ("agents", "timing"),  # the agent's endpoint and recorder; the reporter that meters the servers
+    ("data",),  # datasets and task families (tool_lookup renders agent conversations)
+    ("configuration", "models"),  # the loader (which checks data settings); the tiny model's warm start
+    ("workflows", "eval_scores"),  # rollout workflows; evaluation records
+    ("rollout", "trial_record", "trials", "auto_resume"),  # the rollout worker; the trial's records
+    ("training", "evaluation", "viewer"),  # the trainer; held-out evaluation; the trajectory viewer
+    ("tracking",),  # MLflow and the registry gate, over all of the above
+)
+
+
+def rollflow_unit(module: str) -> str | None:
+    """``rollflow.rollout.loop`` -> ``rollout``; ``rollflow.eval_scores`` -> ``eval_scores``; else None."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "rollflow" and len(parts) > 1 else None
+
+
+def unit_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], str]:
+    """``(unit, unit it imports)`` -> one ``module -> module`` import that makes the edge."""
+    edges: dict[tuple[str, str], str] = {}
+    for mod, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = rollflow_unit(mod), rollflow_unit(target)
+            if a is not None and b is not None and a != b:
+                edges.setdefault((a, b), f"{mod} -> {target}")
+    return edges
+
+
+def test_rollflow_subpackages_form_no_circle() -> None:
+    edges = unit_edges(import_graph())
+    units: dict[str, set[str]] = {}
+    for a, b in edges:
+        units.setdefault(a, set()).add(b)
+    assert circles(units) == []  # move what both need below both (a floor of ROLLFLOW_FLOORS)
+
+
+def test_rollflow_subpackages_import_only_lower_floors() -> None:
+    floor = {unit: i for i, units in enumerate(ROLLFLOW_FLOORS) for unit in units}
+    present = {rollflow_unit(m) for m in import_graph()} - {None}
+    assert sorted(present - set(floor)) == []  # a new subpackage: give it a floor in ROLLFLOW_FLOORS
+    assert sorted(set(floor) - present) == []  # a stale entry: drop it
+    upward = [
+        f"{a} (floor {floor[a]}) imports {b} (floor {floor[b]}): {witness}"
+        for (a, b), witness in unit_edges(import_graph()).items()
+        if floor[b] >= floor[a]
+    ]
+    assert upward == []  # move the module to the floor it belongs on, or what it needs below it
+
+
+def test_the_floor_check_names_units() -> None:
+    graph = {
+        "rollflow.a.x": {"rollflow.b", "storage.fs"},
+        "rollflow.b": {"rollflow.a.y"},
+        "rollflow.a.y": set(),
+    }
+    assert unit_edges(graph) == {
+        ("a", "b"): "rollflow.a.x -> rollflow.b",
+        ("b", "a"): "rollflow.b -> rollflow.a.y",
+    }
+    assert rollflow_unit("rollflow") is None and rollflow_unit("flows.cli") is None

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from rollflow.agents.openai_protocol import Message
 from rollflow.api.errors import EpisodeLimitError
-from rollflow.rollout.staleness import is_stale, min_trainable_version
+from rollflow.api.staleness import is_stale, min_trainable_version
 from storage.schema import TrajectoryRow
 
 SegmentPolicy = Literal["all", "last"]

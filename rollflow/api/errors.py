@@ -8,6 +8,8 @@ What it is not: no error handling policy, no logging.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class RollflowError(Exception):
     """Base class of rollflow core errors."""
@@ -41,7 +43,14 @@ class BaseModelMismatchError(RollflowError, ValueError):
 
 
 class InferenceError(RollflowError):
-    """An inference request failed on every server it was tried on."""
+    """An inference request failed on every server it was tried on.
+
+    A control call a server answered with an HTTP error carries the answer: ``status`` (the HTTP code) and
+    ``reply`` (its parsed JSON body, or text); both are None when no server answered.
+    """
+
+    status: int | None = None
+    reply: Any = None
 
 
 class ServerUnavailableError(InferenceError):

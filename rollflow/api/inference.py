@@ -2,8 +2,9 @@
 
 What it is: rollflow-level request/result types and the ``InferenceClient`` Protocol that workflows
 depend on (``BatchInferenceClient`` when a client can batch a group's requests; ``agenerate_all`` uses it
-when it is there). A result carries, for every output token, the behaviour logprob and the policy version that
-produced it; a generation interrupted by a weight update is resumed transparently by the client, so one
+when it is there; ``InterruptibleInferenceClient`` when a client can cut its requests and return their
+partial output). A result carries, for every output token, the behaviour logprob and the policy version
+that produced it; a generation interrupted by a weight update is resumed transparently by the client, so one
 result may span several versions.
 What it is not: the HTTP wire format (``rollflow.inference.sglang_protocol``) or a client implementation
 (``rollflow.inference.client``).
@@ -70,6 +71,16 @@ class BatchInferenceClient(InferenceClient, Protocol):
     """A client that can send several requests' first segments as one batch (a GRPO group)."""
 
     async def agenerate_many(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]: ...
+
+
+@runtime_checkable
+class InterruptibleInferenceClient(InferenceClient, Protocol):
+    """A client that can cut its requests in flight and hand back their partial output (a graceful stop
+    that keeps its episodes: ``rollflow.rollout.partials``)."""
+
+    def stop_resuming(self) -> None: ...  # an interrupted request returns its partial output from now on
+
+    async def aabort(self, rids: Sequence[str]) -> None: ...  # cut these requests on every server
 
 
 async def agenerate_all(client: InferenceClient, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:

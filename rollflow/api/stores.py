@@ -24,6 +24,7 @@ types (``TrajectoryGroup``, ``TakeResult``, ``FileDigest``, ``CheckpointRef``) a
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CheckpointSink",
     "CheckpointSource",
+    "CommittedRows",
     "ObjectStore",
     "ShardSink",
     "ShardSource",
@@ -71,13 +73,23 @@ class ObjectStore(Protocol):
 
 class ShardSink(Protocol):
     """Rollout's output: ``add`` buffers a group; ``maybe_flush`` commits when a size/age limit is hit;
-    ``flush`` commits now. Each returns the commit record (truthy) once everything it held is committed."""
+    ``flush`` commits now. Each returns the commit record (truthy) once everything it held is committed:
+    a ``CommittedRows`` when it says how many rows it committed."""
+
+    flush_rows: int  # an add that brings the buffer to this many rows commits it
 
     def add(self, group: TrajectoryGroup) -> Any: ...
 
     def maybe_flush(self) -> Any: ...
 
     def flush(self) -> Any: ...
+
+
+@runtime_checkable
+class CommittedRows(Protocol):
+    """A commit record that counts its rows (``storage.commits.CommitRecord``)."""
+
+    rows: int
 
 
 class ShardSource(Protocol):
@@ -90,9 +102,12 @@ class CheckpointSink(Protocol):
     """Publishing weights: write into ``staging_dir(v)`` where the store allows it (posix root; None on
     S3), then ``publish`` (COMMIT.json last, then LATEST); ``gc`` keeps the newest ``keep_last``.
 
-    The real store also takes ``digests=`` in ``publish``: the size and digest of the files the
-    publisher hashed while writing them (detected through its ``hash_algo`` attribute).
+    ``hash_algo``: the digest the store records (``"blake3"``, ``"sha256"``); the publisher hashes the
+    files with it while writing them and hands the digests to ``publish`` (``digests=``). None: a store
+    that takes no digests and hashes what it uploads itself.
     """
+
+    hash_algo: str | None
 
     def staging_dir(self, version: int) -> Path | None: ...
 
@@ -103,6 +118,7 @@ class CheckpointSink(Protocol):
         *,
         step: int | None = None,
         meta: dict[str, Any] | None = None,
+        digests: Mapping[str, FileDigest] | None = None,  # only when hash_algo is set
     ) -> CheckpointRef | Any: ...
 
     def gc(self, keep_last: int) -> list[int]: ...
@@ -113,7 +129,7 @@ class CheckpointSource(Protocol):
 
     def latest_version(self) -> int | None: ...  # what LATEST names (one small read)
 
-    def resolve_latest(self) -> Any | None: ...  # an object with .version: int and .created_at: float
+    def resolve_latest(self) -> CheckpointRef | None: ...  # the newest committed one (.version, .created_at)
 
     def latest_token(self) -> Any | None: ...  # cheap fingerprint of LATEST; None where there is none
 

@@ -117,6 +117,8 @@ class WarmStartTask:
     the easier setting's questions, labelled with their reference answers."""
 
     MIN_WARM_START_STEPS = 500
+    warm_start_example = None  # trained on question + answer (no conversations, no probe)
+    warm_start_probe = None
 
     def __init__(self, cfg: ReasoningGymConfig) -> None:
         self.cfg = cfg

@@ -207,8 +207,7 @@ def control_call(
             err = InvalidRequestError(f"{address}{route} -> {e.code}: {error_message(reply)}")
         else:
             err = InferenceError(f"{address}{route} -> {e.code}: {error_message(reply)}")
-        err.reply = reply  # type: ignore[attr-defined]
-        err.status = e.code  # type: ignore[attr-defined]
+        err.reply, err.status = reply, e.code
         raise err from None
     except (urllib.error.URLError, OSError) as e:  # refused, reset, timeout
         raise ServerUnavailableError(f"{address}{route}: {e}") from None

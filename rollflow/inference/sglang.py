@@ -251,8 +251,7 @@ class SGLangEngine:
         except ServerUnavailableError:
             raise
         except InferenceError as e:
-            # routing.control_call puts the server's JSON reply on the error when there was one
-            reply = getattr(e, "reply", None)
+            reply = e.reply  # the server's JSON reply, when there was one (routing.control_call)
             msg = str(reply.get("message")) if isinstance(reply, dict) else str(e)
             if update_was_applied(msg):  # the weights are live; make /model_info say so too
                 control_call(

@@ -64,16 +64,19 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rollflow.api.config import InferenceConfig
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.stores import CheckpointSource
+from rollflow.clock.roles import RoleClock, Timeline
 from rollflow.inference.contract import Engine
 from rollflow.inference.fleet_health import FleetHealth, default_server_id
 from rollflow.inference.sglang_protocol import PauseMode
 from rollflow.inference.weight_load import ServerLoader, prune_cache
-from rollflow.timing.clock import RoleClock, Timeline
+
+if TYPE_CHECKING:
+    from storage.checkpoints import CheckpointRef
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +169,7 @@ class CheckpointWatcher:
             ack_ttl_s=ack_ttl_s,
             on_fatal=on_fatal,
         )
-        # the ``weights`` role (rollflow.timing.clock): fetching, updating, loading, waiting
+        # the ``weights`` role (rollflow.clock.roles): fetching, updating, loading, waiting
         self.clock = clock if clock is not None else Timeline().role("weights", initial="waiting")
         self.loader = ServerLoader(
             engine, self.clock, pause_mode=pause_mode, api_key=api_key, request_timeout_s=request_timeout_s
@@ -257,7 +260,7 @@ class CheckpointWatcher:
             return None
         return self._load(v, ref, attempts)
 
-    def _load(self, v: int, ref: Any, attempts: int) -> int | None:
+    def _load(self, v: int, ref: CheckpointRef, attempts: int) -> int | None:
         """Load ``v`` into every live server that does not serve it; ``v`` if they all do afterwards."""
         targets = self.fleet.needing(v)
         t0 = time.perf_counter()
@@ -306,8 +309,7 @@ class CheckpointWatcher:
         if self.serving_version is not None and v <= self.serving_version:
             return None  # a catch-up load (a restarted server back on the served version)
 
-        created = getattr(ref, "created_at", None)
-        latency = time.time() - float(created) if created else None
+        latency = time.time() - float(ref.created_at) if ref.created_at else None
         self._failures.pop(v, None)
         event = WatcherEvent("update", v, time.time(), latency, fetch_s, pause_s, reachable)
         with self._lock:

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rollflow.api.errors import InferenceError, ServerUnavailableError
+from rollflow.clock.roles import RoleClock
 from rollflow.inference.contract import Engine
 from rollflow.inference.sglang_protocol import PauseMode
-from rollflow.timing.clock import RoleClock
 
 LoadStatus = Literal["ok", "unreachable", "failed"]
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")

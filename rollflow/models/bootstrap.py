@@ -153,7 +153,7 @@ class _WarmStartData:
         self.rng = random.Random(stream)
         self.completion_len = self.task.MAX_ANSWER_CHARS + 1  # label + <|im_end|> (add_habit: 4)
         # A multi-turn family (tool_lookup) renders whole conversations: (ids, loss mask) per example.
-        self.example = getattr(self.task, "warm_start_example", None)
+        self.example = self.task.warm_start_example
         self.tokenizer = tokenizer
 
     def batch(self, size: int, p_correct: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,7 +223,7 @@ def warm_start(
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, betas=(0.9, 0.98), weight_decay=0.0)
     steps = cfg.warm_start_steps
     clean_steps = min(steps, math.ceil(cfg.warm_start_clean_fraction * steps))  # steps s < fraction * steps
-    probe_fn = getattr(data.task, "warm_start_probe", None)
+    probe_fn = data.task.warm_start_probe
     examples = probe_examples(probe_fn, tokenizer, task) if probe_fn is not None else []
     probes: list[ProbeResult] = []
     losses: list[float] = []  # one per optimizer step taken, extra steps included

@@ -18,7 +18,7 @@ enough: a measured key copy was greedy-right on every example at ``p`` 0.20.
 trains on (``model.tiny.warm_start_probe_extra_steps``); copying by attention appears after a
 plateau whose length depends on the seed, which is what the probe guards against.
 
-What it is not: an evaluation of the task (held-out success is ``rollflow.agents.evaluate``'s); the
+What it is not: an evaluation of the task (held-out success is ``rollflow.evaluation.agent``'s); the
 probe has no sampling, no generation and no RNG of its own (its examples are drawn by the caller).
 """
 

@@ -12,7 +12,7 @@ What it is: the decisions the executor's scheduler takes on each finished episod
   ``min_episodes`` episodes that ran raised.
 
 What it is not: scheduling or the writer (``rollflow.rollout.executor``), the counters
-(``executor_stats``), or the staleness arithmetic (``rollflow.rollout.staleness``).
+(``executor_stats``), or the staleness arithmetic (``rollflow.api.staleness``).
 """
 
 from __future__ import annotations

@@ -88,6 +88,7 @@ class WorkflowExecutor:
         on_flush: Callable[[WorkflowExecutor], None] | None = None,
         collect: bool | None = None,
         prompt_filter: PromptCurriculum | None = None,
+        on_episode_end: Callable[[Hashable], None] | None = None,
     ) -> None:
         """``writer`` gets accepted groups (calls made in order on one worker thread); ``version_fn``
         defaults to ``client.get_version``; ``should_accept_fn`` is ``fn(group) -> bool`` or its import
@@ -96,12 +97,14 @@ class WorkflowExecutor:
         writer calls in a row; ``poll_interval_s`` bounds the wait between capacity checks (a new
         version re-opens capacity); ``on_flush(executor)`` runs on the loop thread after each commit;
         ``collect`` keeps accepted groups for ``await_results`` (default: when no writer);
-        ``prompt_filter`` skips fed rows (by ``data["prompt_id"]``) before they start.
+        ``prompt_filter`` skips fed rows (by ``data["prompt_id"]``) before they start;
+        ``on_episode_end(key)`` runs as each episode ends (a ``PartialKeepingClient``'s ``forget``).
         """
         if not 0 < max_failure_rate <= 1:
             raise ValueError(f"max_failure_rate must be in (0, 1], got {max_failure_rate}")
         self.workflow, self.client, self.staleness, self.writer = workflow, client, staleness, writer
         self._version_fn = version_fn or client.get_version
+        self.on_episode_end = on_episode_end
         if isinstance(should_accept_fn, str):
             should_accept_fn = import_string(should_accept_fn)
         self._should_accept = should_accept_fn
@@ -349,9 +352,8 @@ class WorkflowExecutor:
 
     def _finish(self, task: asyncio.Task[TrajectoryGroup | None]) -> None:
         ep = self._tasks.pop(task)
-        forget = getattr(self.client, "forget", None)  # a PartialKeepingClient's record of the episode
-        if forget is not None:
-            forget(ep.key)
+        if self.on_episode_end is not None:
+            self.on_episode_end(ep.key)
         if not self._tasks and self.stats.busy_since is not None:
             self.stats.busy_s += time.monotonic() - self.stats.busy_since
             self.stats.busy_since = None

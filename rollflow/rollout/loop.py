@@ -31,7 +31,7 @@ put, is known by its commit record's positions and not run again; a block claime
 before the state put, is found in the claim log from the state's ``claim_mark`` on and run
 (``prompt_source``, "Resume from storage"). A state is put once at start, so a first claim has a mark.
 
-What it is not: the staleness arithmetic (``rollflow.rollout.staleness``), the storage layout of its
+What it is not: the staleness arithmetic (``rollflow.api.staleness``), the storage layout of its
 state (``storage.worker_state``), the checkpoint watcher or the servers (the caller starts them and
 passes ``version_fn``, usually ``client.get_version``); the Prefect task (``tasks/rollout.py``) is a thin
 adapter over this.
@@ -53,6 +53,7 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.api.inference import InferenceClient
 from rollflow.api.metrics import MetricsSink, NullSink
 from rollflow.api.workflow import RolloutWorkflow
+from rollflow.clock.roles import RoleClock, Timeline
 from rollflow.rollout.executor import WorkflowExecutor
 from rollflow.rollout.filters import build_should_accept
 from rollflow.rollout.partial_resume import continue_saved, keep_cut
@@ -68,7 +69,6 @@ from rollflow.rollout.worker_report import (
     rollout_metrics,
     rollout_state,
 )
-from rollflow.timing.clock import RoleClock, Timeline
 from rollflow.workflows.factory import build_workflow
 from storage import keys
 from storage.checkpoints import CheckpointStore
@@ -104,19 +104,6 @@ async def run_rollout_loop(
 
 class RolloutWorker:
     """One rollout worker; see the module docstring. Storage calls run off the event loop."""
-
-    # Set by run(), in this order: the rows, the accounting, the writer and prompt source, the executor.
-    clock: RoleClock  # the ``rollout`` role of the run's time accounting
-    weights: RoleClock | None  # the checkpoint watcher's role, if the timeline has one
-    rows: list[dict]
-    bad_rows: int
-    before: WorkerState  # what this worker's earlier life left (empty on a fresh start)
-    view: LedgerView  # storage's committed and credited groups at the start
-    staleness: StalenessManager
-    writer: ShardWriter
-    source: ClaimedPrompts
-    executor: WorkflowExecutor
-    done_store: CheckpointStore  # where the trainer's done marker is read
 
     def __init__(
         self,
@@ -158,6 +145,29 @@ class RolloutWorker:
         self._credited = 0
         self._claim_blocked = False  # the last claim gate decision (rollout_state's claim_wait)
         self._exhausted = False  # the source's last answer (rollout_state's exhausted)
+        rc = cfg.rollout
+        self.clock: RoleClock = (timeline or Timeline()).role("rollout", initial="idle")  # this role's states
+        self.staleness = StalenessManager(  # restored from storage by run() before the first episode
+            rc.max_concurrent_rollouts, rc.max_staleness, cfg.train.batch_size, listeners=listeners
+        )
+        self.writer = ShardWriter(
+            storage,
+            writer_name,
+            flush_rows=rc.flush_rows(cfg.train.batch_size),
+            flush_seconds=rc.shard_flush_seconds,
+            on_evict=self.staleness.on_evicted,
+            # no trained token newer than the newest published policy (ShardWriter's version rule)
+            version_ceiling=CheckpointStore(storage).latest_version,
+        )
+        self.done_store = CheckpointStore(storage)  # where the trainer's done marker is read
+        # Filled by run(), in this order: the rows, the accounting, the prompt source, the executor.
+        self.weights: RoleClock | None = None  # the checkpoint watcher's role, if the timeline has one
+        self.rows: list[dict] = []
+        self.bad_rows = 0
+        self.before = WorkerState()  # what this worker's earlier life left (empty on a fresh start)
+        self.view = LedgerView(accepted=0, credited=0)  # storage's committed and credited groups
+        self.source: ClaimedPrompts | None = None  # needs the rows
+        self.executor: WorkflowExecutor | None = None  # needs the workflow, the writer and the source
 
     # --- the story ------------------------------------------------------------------------------------------
 
@@ -165,16 +175,14 @@ class RolloutWorker:
         """Claim prompts, run episodes, commit, heartbeat; until a stop reason. Raises
         ``RolloutFailureError`` or ``DatasetRowError``."""
         t0 = time.monotonic()
-        self.clock = (self.timeline or Timeline()).role("rollout", initial="idle")
         self.weights = self.timeline.roles().get("weights") if self.timeline is not None else None
         self.rows, self.bad_rows = await load_rows(self.cfg, self.prompts)
         await self._restore_accounting()
         await self._continue_partials()
-        await self._open_writer_and_prompts()
+        await self._open_prompts()
         self.executor = self._build_executor()
         await asyncio.to_thread(self._sync)
         await asyncio.to_thread(lambda: self.states.put(self._state()))  # a claim_mark before the first claim
-        self.done_store = CheckpointStore(self.storage)
         stopped_by: StopReason | None = None
         try:
             async with self.executor:
@@ -248,10 +256,6 @@ class RolloutWorker:
     async def _restore_accounting(self) -> None:
         self.before = await asyncio.to_thread(self.states.load) or WorkerState()
         self.view = await asyncio.to_thread(self.ledger.refresh)
-        rc = self.cfg.rollout
-        self.staleness = StalenessManager(
-            rc.max_concurrent_rollouts, rc.max_staleness, self.cfg.train.batch_size, listeners=self.listeners
-        )
         self.staleness.restore(
             accepted=self.view.accepted, credited=self.view.credited, rejected=self.before.rejected
         )
@@ -264,19 +268,10 @@ class RolloutWorker:
             self.keeper = await continue_saved(self.storage, self.client, bound=bound)
             self.client = self.keeper
 
-    async def _open_writer_and_prompts(self) -> None:
+    async def _open_prompts(self) -> None:
         cfg = self.cfg
         if self.workflow is None:
             self.workflow = await asyncio.to_thread(build_workflow, cfg)
-        self.writer = ShardWriter(
-            self.storage,
-            self.name,
-            flush_rows=cfg.rollout.flush_rows(cfg.train.batch_size),
-            flush_seconds=cfg.rollout.shard_flush_seconds,
-            on_evict=self.staleness.on_evicted,
-            # no trained token newer than the newest published policy (ShardWriter's version rule)
-            version_ceiling=CheckpointStore(self.storage).latest_version,
-        )
         self.source = ClaimedPrompts(
             self.rows,
             seed=cfg.seed,
@@ -323,13 +318,14 @@ class RolloutWorker:
             max_failure_rate=rc.max_failure_rate,
             on_flush=lambda ex: ex.submit_io(self.states.put, self._state()),  # right after a commit
             prompt_filter=self.curriculum,
+            on_episode_end=None if self.keeper is None else self.keeper.forget,  # its record of the episode
         )
 
     # --- the shared bound: claims, peers, adoption ----------------------------------------------------------
 
     def _own_released(self) -> int:
         """Released groups of every life of this worker: rejected + failed + evicted."""
-        ex = getattr(self, "executor", None)
+        ex = self.executor  # None while the source adopts and claims its first blocks
         done_here = 0 if ex is None else ex.stats.n_rejected + ex.stats.failed
         return self.before.released + done_here + self.writer.stats["evicted"]
 

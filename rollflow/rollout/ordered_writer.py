@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rollflow.api.errors import RolloutFailureError
-from rollflow.api.stores import ShardSink
+from rollflow.api.stores import CommittedRows, ShardSink
 from rollflow.rollout.executor_stats import ExecutorStats
 from storage.schema import TrajectoryGroup
 
@@ -110,8 +110,7 @@ class OrderedWriter:
 
     def _cause(self, cause: str, record: Any) -> str:
         """An ``add`` that committed fewer rows than the sink's ``flush_rows`` hit its age limit."""
-        limit, rows = getattr(self.sink, "flush_rows", None), getattr(record, "rows", None)
-        if cause == "fill" and isinstance(limit, int) and isinstance(rows, int) and rows < limit:
+        if cause == "fill" and isinstance(record, CommittedRows) and record.rows < self.sink.flush_rows:
             return "timer"
         return cause
 

@@ -41,9 +41,10 @@ from rollflow.api.inference import (
     GenerateRequest,
     GenerateResult,
     InferenceClient,
+    InterruptibleInferenceClient,
     agenerate_all,
 )
-from rollflow.rollout.staleness import is_stale
+from rollflow.api.staleness import is_stale
 
 logger = logging.getLogger(__name__)
 
@@ -217,15 +218,14 @@ class PartialKeepingClient:
         """
         t0 = time.monotonic()
         self._stopping = True
-        stop_resuming = getattr(self.inner, "stop_resuming", None)
-        abort = getattr(self.inner, "aabort", None)
-        if stop_resuming is None or abort is None:
+        inner = self.inner
+        if not isinstance(inner, InterruptibleInferenceClient):
             return 0.0  # a client that cannot hand back partial output: nothing to keep
-        stop_resuming()
+        inner.stop_resuming()
         self._drained = asyncio.Event()
         if self._inflight:
             # each rid exactly: SGLang ignores an abort whose rid no request has exactly (a prefix cuts nothing)
-            await abort(list(self._inflight))
+            await inner.aabort(list(self._inflight))
             try:
                 await asyncio.wait_for(self._drained.wait(), timeout=drain_s)
             except TimeoutError:

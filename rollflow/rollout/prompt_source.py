@@ -11,7 +11,7 @@ before the claim and do not count against the bound: they are released as soon a
 The global staleness bound: claims are dense, so after claiming block ``b`` exactly ``(b + 1) * K``
 positions were ever handed out, to all workers together; a block is claimed only if
 ``fits((b + 1) * K)``, which the worker wires to ``StalenessManager.claim_fits`` (the rule, its math and
-a worked example live in ``rollflow.rollout.staleness``). A new worker reads the same log, so it cannot
+a worked example live in ``rollflow.api.staleness``). A new worker reads the same log, so it cannot
 run ahead.
 
 Resume from storage, not from the state file alone. A kill can land between a storage write and the

@@ -1,20 +1,12 @@
-"""The staleness rule, in one place, and StalenessManager: the rollout's counters under that rule.
+"""StalenessManager: the rollout's counters under the staleness rule.
 
-The rule (AReaL's, in GROUPS: one episode is one prompt is one ``TrajectoryGroup``; ``B`` is the trainer's
-groups per step, ``S`` = ``rollout.max_staleness``, ``v`` = the trainer version the servers have loaded):
-
-    max_samples(v)            = (S + v + 1) * B          groups that may ever exist at version v
-    capacity(v)               = min(max_concurrent - running,  max_samples(v) - (live + running))
-    claim_fits(reserved, v)   = reserved - released - credited <= max_samples(v)
-    expected_consumer(v)      = max(v, live // B)        the version an oldest-first trainer eats the next group at
-    min_trainable_version(v)  = v - S                    the oldest head version a trainer at v still trains
-    is_stale(head, m)         = 0 <= head < m            (head -1: no model token, never stale)
-
-Who applies which: the executor starts an episode only while ``capacity(v) > 0`` (``try_submit``) and
-rejects a finished group when ``is_stale(head, min_trainable_version(expected_consumer(v)))``
-(``acceptance_bound``); the prompt source claims a block of prompts only if ``claim_fits``; a graceful
-stop's saved partial episodes are judged by the same acceptance bound; the trainer at version ``v``
-drops groups with ``is_stale(head, min_trainable_version(v))``. Change the rule here and nowhere else.
+The rule itself, its formulas and worked examples are ``rollflow.api.staleness`` (change the rule there
+and nowhere else; its functions are re-exported here). Who applies which: the executor starts an episode
+only while ``capacity(v) > 0`` (``try_submit``) and rejects a finished group when
+``is_stale(head, min_trainable_version(expected_consumer(v)))`` (``acceptance_bound``); the prompt source
+claims a block of prompts only if ``claim_fits``; a graceful stop's saved partial episodes are judged by
+the same acceptance bound; the trainer at version ``v`` drops groups with
+``is_stale(head, min_trainable_version(v))``.
 
 The counters. ``live = (accepted_G - credited_G) + (accepted_local - evicted - own_visible)``.
 ``accepted_G`` and ``credited_G`` are read from storage by ``sync`` (every writer's committed groups,
@@ -28,20 +20,6 @@ so after block ``b`` of ``K`` prompts exactly ``reserved = (b + 1) * K`` prompts
 all workers together, and each is now unstarted, running, buffered, committed or ``released`` (rejected,
 failed, evicted: every worker publishes its count). ``released`` and ``credited`` are read from storage
 and can only lag (undercount), which errs on the safe side.
-
-Why the capacity bounds staleness: the trainer at version ``v`` has consumed ``v * B`` groups and
-consumes oldest first, so a group that is among the first ``max_samples(v)`` ever produced is consumed
-at a version ``<= v + S`` -- at most ``S`` versions after the weights it was started under. The
-capacity alone does not stop a long episode started early from finishing after newer ones were
-consumed, hence the acceptance check. Worked examples (tests/rollout/test_staleness_rule.py):
-
-- capacity: v = 5, S = 2, B = 64, 500 groups accepted or running, 1000 max concurrent ->
-  min(1000 - r, (2 + 5 + 1) * 64 - 500) = 512 - 500 = 12;
-- claims: B = 4, S = 1, v = 0, K = 2, nothing released: blocks 0..3 fit (4 * 2 = 8 <= (1 + 0 + 1) * 4 = 8),
-  block 4 waits for version 1 (10 <= 12);
-- acceptance: S = 1, B = 16, 70 live groups, v = 2 -> expected_consumer = max(2, 70 // 16) = 4, bound
-  4 - 1 = 3: a group whose oldest token is v2 is stale, one from v3 is kept;
-- trainer: v = 7, S = 2 -> groups with head_version < 5 are dropped.
 
 ``version`` is read through ``version_fn`` or passed explicitly. After a restart,
 ``restore(accepted=..., credited=...)`` seeds the counters from what storage already holds; resetting
@@ -61,27 +39,28 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from rollflow.api.staleness import (
+    capacity,
+    claim_fits,
+    expected_consumer,
+    is_stale,
+    max_samples,
+    min_trainable_version,
+    staleness_room,
+)
+
 logger = logging.getLogger(__name__)
 
+__all__ = [
+    "RolloutStat",
+    "StalenessListener",
+    "StalenessManager",
+    "is_stale",
+    "max_samples",
+    "min_trainable_version",
+]
+
 StalenessEvent = Literal["enqueued", "submitted", "accepted", "rejected", "restored"]
-
-
-# --- the rule (pure arithmetic; see the module docstring) ---------------------------------------------------
-
-
-def max_samples(version: int, *, max_staleness: int, batch_size: int) -> int:
-    """``(max_staleness + version + 1) * batch_size``: groups that may ever exist at ``version``."""
-    return (max_staleness + version + 1) * batch_size
-
-
-def min_trainable_version(version: int, *, max_staleness: int) -> int:
-    """``version - max_staleness``: the oldest head version a trainer at ``version`` still trains."""
-    return version - max_staleness
-
-
-def is_stale(head_version: int, min_version: int) -> bool:
-    """``0 <= head_version < min_version`` (a head of -1, no model token, is never stale)."""
-    return 0 <= head_version < min_version
 
 
 @dataclass(frozen=True)
@@ -169,7 +148,9 @@ class StalenessManager:
     def claim_fits(self, reserved: int, *, released: int, credited: int, version: int) -> bool:
         """``reserved - released - credited <= max_samples(version)``: may a worker claim prompts up to
         global position ``reserved`` (``rollflow.rollout.prompt_source``; see the module docstring)."""
-        return reserved - released - credited <= self.max_samples(version)
+        return claim_fits(
+            reserved, released=released, credited=credited, max_samples=self.max_samples(version)
+        )
 
     def get_capacity(self, version: int | None = None) -> int:
         """Episodes that may start now (may be <= 0). See the module docstring."""
@@ -210,10 +191,10 @@ class StalenessManager:
             return self._staleness_room_locked(v)
 
     def _staleness_room_locked(self, v: int) -> int:
-        return self.max_samples(v) - (self._live_locked() + self._stat.running)
+        return staleness_room(self.max_samples(v), live=self._live_locked(), running=self._stat.running)
 
     def _capacity_locked(self, v: int) -> int:
-        return min(self.max_concurrent - self._stat.running, self._staleness_room_locked(v))
+        return capacity(self.max_concurrent, running=self._stat.running, room=self._staleness_room_locked(v))
 
     def expected_consumer_version(self, version: int | None = None) -> int:
         """Lowest trainer version at which the NEXT accepted group can be consumed (oldest-first trainer).
@@ -223,7 +204,7 @@ class StalenessManager:
         """
         v = self.current_version(version)
         with self._lock:
-            return max(v, self._live_locked() // self.consumer_batch_size)
+            return expected_consumer(v, live=self._live_locked(), batch_size=self.consumer_batch_size)
 
     def acceptance_bound(self, version: int | None = None) -> int:
         """``min_trainable_version(expected_consumer_version(version))``: the oldest head version a group

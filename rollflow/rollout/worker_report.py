@@ -60,7 +60,7 @@ def rollout_state(
     claim_blocked: bool = False,
     exhausted: bool = False,
 ) -> str:
-    """The rollout's state on one tick (``rollflow.timing.clock``; a sample every ``poll_interval_s``, so
+    """The rollout's state on one tick (``rollflow.clock.roles``; a sample every ``poll_interval_s``, so
     its shares are estimates at that resolution), first match wins:
 
     - ``paused``: a weight load has the servers paused;

@@ -6,7 +6,7 @@ artifact read back) into a PNG (a bare matplotlib ``Figure``, so the caller's py
 thin ticks on top mark every policy version (every k-th label); the lower panel plots each core's busy
 share and each server's busy share over time, from the periodic samples. ``window`` draws a slice
 (``(t0, t1)`` seconds) to see single steps.
-What it is not: a live view (the notebook re-reads the artifact) nor the accounting itself (``clock``).
+What it is not: a live view (the notebook re-reads the artifact) nor the accounting itself (``rollflow.clock.roles``).
 """
 
 from __future__ import annotations

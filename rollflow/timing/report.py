@@ -11,7 +11,7 @@ timeline (``Timeline.add_sample``, drawn by ``plot``) and logs, at step = the ne
 
 ``stop()`` takes a last reading and returns the final figures; ``bounds(figures)`` says in one line which
 role waits for which.
-What it is not: the clocks themselves (``clock``) or the picture (``plot``).
+What it is not: the clocks themselves (``rollflow.clock.roles``) or the picture (``plot``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import threading
 from collections.abc import Sequence
 
 from rollflow.api.metrics import MetricsSink, NullSink
+from rollflow.clock.roles import Timeline
 from rollflow.inference.server_meter import ServerMeter
-from rollflow.timing.clock import Timeline
 from rollflow.timing.cpu import CoreMeter, ProcessMeter
 
 logger = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class TimingReporter:
         return self._final
 
 
-# The rollout's other named waits (rollflow.timing.clock), as ``bounds`` words them.
+# The rollout's other named waits (rollflow.clock.roles), as ``bounds`` words them.
 ROLLOUT_WAITS = (
     ("flush_wait", "committing its buffer"),
     ("claim_wait", "held by the claim gate"),

@@ -159,7 +159,7 @@ def build_batch(groups: Sequence[Any], *, pad_id: int = 0) -> TrainBatch:
         n = lens[i]
         if not (len(r.loss_mask) == len(r.logprobs) == len(r.versions) == n):
             raise TrainerError(
-                f"trajectory {getattr(r, 'traj_id', i)!r}: input_ids/loss_mask/logprobs/versions lengths "
+                f"trajectory {r.traj_id!r}: input_ids/loss_mask/logprobs/versions lengths "
                 f"differ ({n}, {len(r.loss_mask)}, {len(r.logprobs)}, {len(r.versions)})"
             )
         if n == 0:

@@ -259,7 +259,7 @@ class CheckpointPublisher:
                 tmp = Path(tempfile.mkdtemp(prefix=f"rollflow-ckpt-v{version}-"))
             out = staging if staging is not None else tmp
             assert out is not None
-            algo = getattr(self.store, "hash_algo", None)
+            algo = self.store.hash_algo
             if self.adapter_config is not None:
                 digests = write_adapter_dir(
                     out, state_dict, adapter_config=self.adapter_config, dtype=self.dtype, hash_algo=algo

@@ -32,7 +32,7 @@ final checkpoint is published and ``trainer/DONE.json`` written, so the rollout 
 ``stop_event`` ends the run after the current step with a resume point and without the done marker.
 
 What it is not: the math (``losses``, ``advantages``, ``kl``), building the policy (``policy_build``), the
-per-rank passes (``actor``), the staleness rule (``rollflow.rollout.staleness``), the reported numbers
+per-rank passes (``actor``), the staleness rule (``rollflow.api.staleness``), the reported numbers
 (``step_report``), process launch (``run``), or anything Prefect.
 """
 
@@ -49,10 +49,10 @@ import torch
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import TrainerError
 from rollflow.api.metrics import MetricsSink, NullSink
+from rollflow.api.staleness import min_trainable_version
 from rollflow.api.stores import ObjectStore
 from rollflow.api.training import TrainerHooks
-from rollflow.rollout.staleness import min_trainable_version
-from rollflow.timing.clock import Timeline
+from rollflow.clock.roles import Timeline
 from rollflow.training import distributed as D
 from rollflow.training.batching import TrainBatch, build_batch, signal_groups
 from rollflow.training.lora import adapter_config, adapter_tensors
@@ -102,7 +102,7 @@ class Trainer:
     ) -> None:
         self.cfg = cfg
         self.timeline = timeline
-        # the ``trainer`` role of the run's time accounting (rollflow.timing.clock): where each step goes
+        # the ``trainer`` role of the run's time accounting (rollflow.clock.roles): where each step goes
         self.clock = (timeline or Timeline()).role("trainer", initial="other")
         self.storage = storage
         self.metrics = metrics or NullSink()
@@ -154,7 +154,7 @@ class Trainer:
         )
         # Local storage: a poll is a directory listing, so poll every 50 ms and a synchronous step waits
         # for no poll; object stores bill each LIST, so there the interval backs off to 2 s when idle.
-        local = bool(getattr(self.storage, "is_local", False))
+        local = self.storage.is_local
         self.collector = (
             BatchCollector(
                 self.reader,

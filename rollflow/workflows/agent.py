@@ -37,7 +37,7 @@ Config::
 ``max_staleness`` comes from ``rollout.max_staleness`` (``rollflow.workflows.factory.build_workflow`` passes
 it to a workflow that names it); ``workflow_kwargs.max_staleness`` overrides it, ``null`` turns the
 per-episode bound off. Held-out evaluation of an agent run calls the agent too, greedy, one episode per
-prompt (``rollflow.agents.evaluate``).
+prompt (``rollflow.evaluation.agent``).
 
 What it is not: the endpoint (``rollflow.agents.endpoint``) or the token bookkeeping
 (``rollflow.agents.recorder``); docs/agents.md is the user's guide.
@@ -62,10 +62,10 @@ from rollflow.agents.tool_calls import TOOL_FORMATS, ToolFormat
 from rollflow.api.errors import RewardInfrastructureError
 from rollflow.api.inference import InferenceClient, SamplingParams
 from rollflow.api.rewards import RewardFn, RewardScorer
+from rollflow.api.staleness import is_stale, min_trainable_version
 from rollflow.api.tokenizer import ChatTokenizer
 from rollflow.api.workflow import RolloutWorkflow, import_string
 from rollflow.rewards.protocol import RewardValueError, check_reward
-from rollflow.rollout.staleness import is_stale, min_trainable_version
 from rollflow.workflows.blocks import load_tokenizer, merge_samples, sampling_from
 from rollflow.workflows.scoring import (
     close_scorer,

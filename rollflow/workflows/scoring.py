@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollflow.api.errors import RewardInfrastructureError
-from rollflow.api.rewards import RewardFn, RewardScorer, ScoredOutcome
+from rollflow.api.rewards import RewardFn, RewardRunner, RewardScorer, ScoredOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -61,16 +61,16 @@ class RewardCounts:
 def judge_outcome(outcome: ScoredOutcome) -> tuple[float, dict[str, Any]]:
     """``(score, info)``: a timed-out or failed call scores 0 and says why in ``info`` (the row's extra)."""
     info: dict[str, Any] = {}
-    if getattr(outcome, "timed_out", False):
+    if outcome.timed_out:
         info["reward_timed_out"] = True
-    if getattr(outcome, "error", None):
+    if outcome.error:
         info["reward_error"] = str(outcome.error)[:500]
     return (float(outcome.score) if not info else 0.0), info
 
 
 def raise_if_unscored(outcomes: Sequence[ScoredOutcome], prompt_id: Any) -> None:
     """Raise ``RewardInfrastructureError`` when no worker could score one of ``outcomes``."""
-    lost = [o for o in outcomes if getattr(o, "infra_error", False)]
+    lost = [o for o in outcomes if o.infra_error]
     if lost:
         raise RewardInfrastructureError(f"reward of prompt {prompt_id!r}: {lost[0].error}")
 
@@ -97,10 +97,9 @@ def open_scorer(
 
 
 def close_scorer(scorer: RewardScorer | None) -> None:
-    """Stop a scorer's workers (a scorer without ``close`` has none)."""
-    close = getattr(scorer, "close", None)
-    if close is not None:
-        close()
+    """Stop a scorer's workers (only a ``RewardRunner`` has any)."""
+    if isinstance(scorer, RewardRunner):
+        scorer.close()
 
 
 class RewardScoring:
@@ -142,9 +141,8 @@ class RewardScoring:
             return []
         prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
         extra, answer = passthrough(data), data.get("answer")
-        many = getattr(self.runner, "ascore_many", None)
-        if many is not None:
-            outcomes = await many(prompt, list(completions), answer, **extra)
+        if isinstance(self.runner, RewardRunner):
+            outcomes = await self.runner.ascore_many(prompt, list(completions), answer, **extra)
         else:
             outcomes = await asyncio.gather(
                 *(self.runner.ascore(prompt, c, answer, **extra) for c in completions)

@@ -542,9 +542,9 @@ def test_held_out_evaluation_runs_the_agent(
 ) -> None:
     """An agent run is evaluated by running its agent, one greedy episode per row: accuracy is the share
     of rewards >= 1, each row says how many model turns it took, and a dropped episode scores 0."""
-    from rollflow.agents.evaluate import aevaluate_agent, is_agent_workflow
     from rollflow.api.config import ExperimentConfig
     from rollflow.api.inference import SamplingParams
+    from rollflow.evaluation.agent import aevaluate_agent, is_agent_workflow
 
     monkeypatch.syspath_prepend(str(ROOT))
     cfg = ExperimentConfig()

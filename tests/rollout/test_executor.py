@@ -79,6 +79,7 @@ class ListWriter:
         self.buffer: list[TrajectoryGroup] = []
         self.committed: list[TrajectoryGroup] = []
         self.every = every
+        self.flush_rows = every  # the ShardSink contract (its records do not count rows)
 
     def add(self, group: TrajectoryGroup) -> str | None:
         self.buffer.append(group)

@@ -241,7 +241,9 @@ class ExactScorer:
     """In-process stand-in for AsyncRewardRunner: 1.0 for the exact answer."""
 
     async def ascore(self, prompt: str, completion: str, answer: Any, **data: Any) -> Any:
-        return SimpleNamespace(score=float(completion.strip() == str(answer)), error=None, timed_out=False)
+        return SimpleNamespace(
+            score=float(completion.strip() == str(answer)), error=None, timed_out=False, infra_error=False
+        )
 
 
 def _tiny_rlvr(model_dir: Path, *, group_size: int = 2, max_new_tokens: int = 6) -> RLVRWorkflow:

@@ -1,4 +1,4 @@
-"""The staleness rule's hand-worked numbers, in one place (``rollflow.rollout.staleness``, module docstring).
+"""The staleness rule's hand-worked numbers, in one place (``rollflow.api.staleness``, module docstring).
 
 B = the trainer's groups per step, S = rollout.max_staleness, v = the trainer version. Each check below
 names the rule it holds: the capacity (admission), the claim gate, the acceptance bound (is_stale) and

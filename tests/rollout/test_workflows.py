@@ -42,7 +42,7 @@ class Scorer:
         score = self.scores.pop(0) if len(self.scores) > 1 else self.scores[0]
         if len(self.calls) - 1 == self.infra_at:
             return SimpleNamespace(score=0.0, error="reward worker died", timed_out=False, infra_error=True)
-        return SimpleNamespace(score=score, error=self.error, timed_out=self.timed_out)
+        return SimpleNamespace(score=score, error=self.error, timed_out=self.timed_out, infra_error=False)
 
 
 class RecordingClient:

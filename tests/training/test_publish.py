@@ -71,6 +71,8 @@ def test_tied_aliases() -> None:
 class SlowStore:
     """Records publish order; each publish takes a while; can be told to fail."""
 
+    hash_algo = None  # hashes nothing the publisher wrote (the CheckpointSink contract)
+
     def __init__(self, fail_on: int | None = None) -> None:
         self.order: list[int] = []
         self.active = 0

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -68,6 +68,11 @@ class SyntheticTask(Protocol):
 
     MAX_ANSWER_CHARS: int  # longest warm-start label, so the warm start can size its batches
     MIN_WARM_START_STEPS: int  # fewer steps leave the support unlearnt for some seeds (a warning)
+    # The warm start's optional hooks; None in a family trained on prompt + label. A multi-turn family
+    # (tool_lookup) renders whole conversations, (ids, loss mask) per example, and has a probe
+    # conversation (rollflow.models.warm_start_probe; then it also sets WARM_START_PROBE_PASS).
+    warm_start_example: Callable[[Any, random.Random, float, Any], tuple[list[int], list[int]]] | None
+    warm_start_probe: Callable[[random.Random, Any], tuple[list[int], dict[str, int]]] | None
 
     def problem_pool(self, split: Split) -> Sequence[SyntheticProblem]: ...
 

@@ -47,6 +47,8 @@ MAX_ANSWER_CHARS = 2
 # the warm start ends at loss 0.12 (support greedy 0.94, sampling unsure), at 800 at 0.03; at 1,000
 # seeds 1-3 all end below 0.001 with support greedy 1.0 (~90 s on one thread).
 MIN_WARM_START_STEPS = 1000
+warm_start_example = None  # trained on prompt + label (the SyntheticTask protocol's optional hooks)
+warm_start_probe = None
 _HELD_OUT_BYTE_BELOW = 64  # of the gap problems, sha256 first byte < 64 (1/4) is held out
 
 

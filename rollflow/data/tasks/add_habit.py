@@ -49,6 +49,8 @@ MAX_ANSWER_CHARS = 3  # the distractor of 45+54= is "100"
 # Below this the sum is not learnt for every seed (seed 1 at 300 steps: held-out sampled accuracy 0.10,
 # pass@8 0.58, round-operand problems 12% right), and RL would have to learn arithmetic, not the habit.
 MIN_WARM_START_STEPS = 500
+warm_start_example = None  # trained on prompt + label (the SyntheticTask protocol's optional hooks)
+warm_start_probe = None
 DEFAULT_P_CORRECT = 0.2
 _HELD_OUT_BYTE_BELOW = 32  # sha256 first byte < 32  <=>  held out (32/256 = 1/8)
 

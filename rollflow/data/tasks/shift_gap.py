@@ -50,6 +50,8 @@ GAP_SHIFTS = (4, 5)  # never seen by the warm start
 WORDS_PER_LENGTH = {2: 256, 3: 300, 4: 300}  # 2 letters: all of them
 MAX_ANSWER_CHARS = max(WORDS_PER_LENGTH)
 MIN_WARM_START_STEPS = 1000  # at 500 steps (batch 64) two seeds of three end at loss 0.2-0.4
+warm_start_example = None  # trained on prompt + label (the SyntheticTask protocol's optional hooks)
+warm_start_probe = None
 _HELD_OUT_BYTE_BELOW = 64  # of the gap problems, sha256 first byte < 64 (1/4) is held out
 
 

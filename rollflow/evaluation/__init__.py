@@ -77,7 +77,7 @@ async def aevaluate(
         prompt_text = row["messages"][-1]["content"]
         extra = {k: v for k, v in row.items() if k not in ("prompt_id", "messages", "answer")}
         outcome = await scorer.ascore(prompt_text, completion, str(row["answer"]), **extra)
-        failed = bool(getattr(outcome, "error", None) or getattr(outcome, "timed_out", False))
+        failed = bool(outcome.error or outcome.timed_out)
         version = max(res.output_versions) if res.output_versions else -1
         return {
             "prompt_id": row["prompt_id"],
@@ -86,8 +86,8 @@ async def aevaluate(
             "answer": str(row["answer"]),
             "reward": 0.0 if failed else float(outcome.score),
             "version": version,
-            "reward_error": (str(outcome.error)[:300] if getattr(outcome, "error", None) else None),
-            "reward_timed_out": bool(getattr(outcome, "timed_out", False)),
+            "reward_error": (str(outcome.error)[:300] if outcome.error else None),
+            "reward_timed_out": bool(outcome.timed_out),
         }
 
     rows = await asyncio.gather(*(one(i, r) for i, r in enumerate(prompts)))
@@ -164,7 +164,7 @@ async def arun_eval(cfg: ExperimentConfig, addresses: list[str]) -> EvalResult:
     """Greedy (unless ``eval.greedy`` is off) accuracy of the policy the servers serve now."""
     from transformers import AutoTokenizer
 
-    from rollflow.agents.evaluate import aevaluate_agent, is_agent_workflow
+    from rollflow.evaluation.agent import aevaluate_agent, is_agent_workflow
     from rollflow.inference.client import EngineClient
     from rollflow.rewards.inprocess import reward_runner_for
     from rollflow.workflows.factory import sampling_params
