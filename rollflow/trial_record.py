@@ -53,8 +53,8 @@ from storage.fs import Storage
 
 log = logging.getLogger(__name__)
 
-CONFIG_KEY = "record/config.json"
-BASE_SPLIT_KEY = "record/base-split.json"
+CONFIG_KEY = keys.CONFIG_RECORD_KEY
+BASE_SPLIT_KEY = keys.BASE_SPLIT_KEY
 # keys whose change on a resume would make the trial's record false: its data, its model, its eval set
 RECORD_KEYS = (
     "experiment",

@@ -47,6 +47,7 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import ConfigError
 from rollflow.training.source import Collected
 from rollflow.training.trainer import Trainer
+from storage import keys
 from storage.errors import CorruptShardError
 from storage.fs import Storage
 from storage.schema import TrajectoryGroup
@@ -55,7 +56,7 @@ from storage.shard_reader import ReaderCursor, ShardReader, TakeResult
 logger = logging.getLogger(__name__)
 
 FIELD = "train.warm_start_from.trial"
-RECORD_KEY = "record/warm-start.json"
+RECORD_KEY = keys.WARM_START_KEY
 _READS = ("get_bytes", "get_json", "exists", "list", "list_dirs", "is_local", "root_uri", "uri", "base")
 
 
