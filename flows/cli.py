@@ -34,7 +34,7 @@ says when the filters match nothing.
 A command line that cannot work (an unknown config key, a trial that holds no data for ``resume`` or
 already holds some for ``run --trial``, a checkpoint that is not there, ``plan`` without an image) ends
 with one ``rollflow <command>: error: ...`` line saying what to type instead, and exit status 2; ``run``,
-``resume`` and ``eval`` check their trial before they start Prefect (``flows/preflight.py``). Ctrl-C
+``resume`` and ``eval`` check their trial before they start Prefect (``rollflow/trial/preflight.py``). Ctrl-C
 during ``run`` or ``resume`` prints one line (the trial kept, its resume point, the command that
 resumes it) and exits with status 130 (``flows/interrupt.py``).
 
@@ -51,11 +51,11 @@ import sys
 from pathlib import Path
 
 from flows.console import VERBOSE_HELP
-from flows.preflight import CommandError, check_checkpoint, check_trial
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.errors import ConfigError
+from rollflow.api.errors import CommandError, ConfigError
 from rollflow.configuration.loader import load_config
 from rollflow.configuration.project_dir import in_dir, project_dir, runs_hint
+from rollflow.trial.preflight import check_checkpoint, check_trial
 from storage.errors import CheckpointNotFoundError
 
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -208,9 +208,10 @@ def _trial_storage(args: argparse.Namespace) -> ExperimentConfig:
     its model, so its tokenizer; its batch size) when there is one, else the config and overrides. The
     trial may be under another experiment of the root (``_find_experiment``); one that holds nothing is
     ``no such trial`` (status 2)."""
-    from rollflow.configuration.trial_storage import open_trial_storage
     from rollflow.rollout.inspect import no_such_trial
-    from rollflow.trial_record import read_config_record, resume_config
+    from rollflow.trial.record import read_config_record
+    from rollflow.trial.resume_policy import resume_config
+    from rollflow.trial.store import open_trial_storage
 
     _find_experiment(args)
     fresh = load_config(args.config, [*args.overrides, f"trial={args.trial}"])
@@ -276,9 +277,9 @@ def _view(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     """Retrain the trial to ``--to`` from its own record and compare bit for bit (``rollflow.training.replay``);
     status 0 when every compared version is identical, 1 when one differs."""
-    from rollflow.configuration.trial_storage import open_trial_storage
     from rollflow.training.replay import ReplayError, replay
-    from rollflow.trial_record import read_config_record
+    from rollflow.trial.record import read_config_record
+    from rollflow.trial.store import open_trial_storage
 
     cfg = _trial_storage(args)  # the recorded config; no such trial: status 2
     storage = open_trial_storage(cfg)
@@ -433,8 +434,8 @@ def _recorded_tokenizer(words: list[str]) -> list[str]:
     trial of another config (an ``RLRun`` trial, another task) is decoded with its own model's tokenizer."""
     if "--tokenizer" in words or "--trial" not in words or "--config" not in words:
         return words
-    from rollflow.configuration.trial_storage import open_trial_storage
-    from rollflow.trial_record import read_config_record
+    from rollflow.trial.record import read_config_record
+    from rollflow.trial.store import open_trial_storage
 
     trial = words[words.index("--trial") + 1]
     overrides = [w for w in words if "=" in w and not w.startswith("-")]

@@ -20,7 +20,7 @@ from prefect import flow
 
 from flows.run_name import evaluate_run_name
 from rollflow.api.config import ExperimentConfig
-from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trial.store import open_trial_storage
 from tasks.bootstrap import bootstrap_model
 from tasks.evaluate import evaluate_policy
 from tasks.runtime import (
@@ -98,7 +98,8 @@ def _as_recorded(cfg: ExperimentConfig, overrides: list[str]) -> ExperimentConfi
     """The trial's recorded config (what it trained with: its data, model and evaluation set), with this
     evaluation's own overrides on top; ``cfg`` as given for a trial without a record."""
     from rollflow.configuration.loader import load_config, to_dict
-    from rollflow.trial_record import read_config_record, resume_config, resume_overrides
+    from rollflow.trial.record import read_config_record, resume_overrides
+    from rollflow.trial.resume_policy import resume_config
 
     record = read_config_record(open_trial_storage(cfg))
     if record is None:

@@ -24,9 +24,9 @@ from infra.servers import ServerHandle
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import ServerLostError
 from rollflow.api.metrics import MetricsSink
-from rollflow.configuration.trial_storage import open_trial_storage
 from rollflow.timing.clock import Timeline
 from rollflow.tracking.prefix_sink import PrefixSink
+from rollflow.trial.store import open_trial_storage
 from tasks.runtime import interrupted, run_sync
 
 if TYPE_CHECKING:

@@ -132,7 +132,6 @@ PREFECT_GLUE = {
     "flows/end_state.py:RealEndStateFilter": "rewrites Prefect's end-state log line of a cancelled run",
     "flows/interrupt.py:_NoInterruptOnConsole": "a filter on Prefect's console lines after Ctrl-C",
     "flows/gpu_plan.py:MissingImageError": "the error of the GPU deployment plan (a Prefect deployment)",
-    "flows/preflight.py:CommandError": "the error of a rollflow command line that starts flows",
     "flows/session.py:SessionError": "the error of the Python API that runs the flows",
     "flows/session.py:RLRun": "the Python API: runs the async-rl flow on a private Prefect API",
 }

@@ -101,8 +101,8 @@ def _model_identity(model: dict[str, Any]) -> dict[str, Any]:
 def load_warm_start(cfg: ExperimentConfig, *, vocab_size: int | None = None) -> WarmStart:
     """The source trial's committed groups to reuse (module docstring); ConfigError when it cannot be."""
     from rollflow.configuration.loader import to_dict
-    from rollflow.configuration.trial_storage import open_trial_storage
-    from rollflow.trial_record import read_config_record
+    from rollflow.trial.record import read_config_record
+    from rollflow.trial.store import open_trial_storage
 
     ws = cfg.train.warm_start_from
     assert ws.trial is not None

@@ -9,7 +9,8 @@ import logging
 import re
 from pathlib import Path
 
-from flows.interrupt import _NoInterruptOnConsole, kept_line, resume_command, trial_for_command
+from flows.interrupt import _NoInterruptOnConsole
+from rollflow.trial.kept import kept_line, resume_command, trial_for_command
 from storage.fs import Storage
 
 CONFIG = "configs/tiny_cpu.yaml"
