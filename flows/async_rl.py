@@ -17,8 +17,6 @@ Run it:  python -m flows.async_rl --config configs/tiny_cpu.yaml train.steps=20 
 from __future__ import annotations
 
 import argparse
-import faulthandler
-import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -166,28 +164,6 @@ def _train_trial(opened: OpenTrial, children: dict[str, Any], logger: RunLogger)
     return summary
 
 
-def print_summary(summary: dict[str, Any]) -> None:
-    if summary.get("already_finished"):
-        print(
-            f"trial {summary['trial']} had already finished at version {summary['final_version']}; nothing done"
-        )
-        return
-    print()
-    if summary.get("finalized_on_resume"):
-        print(f"trial {summary['trial']} had trained to version {summary['final_version']}; finalized now")
-    print(f"trial {summary['trial']}")
-    print(f"eval_accuracy_before {summary['eval_accuracy_before']:.3f}")
-    print(f"eval_accuracy_after {summary['eval_accuracy_after']:.3f}")
-    print(f"final_version {summary['final_version']}  wall_s {summary['wall_s']:.0f}")
-    if summary.get("time_bounds"):  # absent on a resume that only finalized
-        print(f"time: {summary['time_bounds']}")
-    print(f"registered: {summary.get('registered_model') or '-'} ({summary.get('registry_decision')})")
-    print(f"storage: {summary['storage_uri']}")
-    from flows.console import mlflow_lines
-
-    print("\n".join(mlflow_lines(summary.get("mlflow_tracking_uri"), summary.get("mlflow_run_url"))))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the async-rl flow locally (a private Prefect API).")
     parser.add_argument("--config", default=DEFAULT_CONFIG)
@@ -196,36 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=20")
     args = parser.parse_args(argv)
+    from flows.cli.run import run_command
+
     return run_command(
-        args.config, args.overrides, trial=args.trial, resume=args.resume, verbose=args.verbose
+        async_rl, args.config, args.overrides, trial=args.trial, resume=args.resume, verbose=args.verbose
     )
-
-
-def run_command(
-    config: str, overrides: list[str], *, trial: str | None, resume: bool, verbose: bool = False
-) -> int:
-    """Run the flow in this process (a private Prefect API unless ``PREFECT_API_URL`` is set) and print
-    its summary; the console shows the run's milestones (``flows.console``; ``verbose``: every step too).
-    Ctrl-C prints one line saying what was kept and how to resume (``flows.interrupt``); ``kill -USR1``
-    of the process prints every thread's stack to stderr (a stuck run says where it is stuck)."""
-    if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
-    from flows.console import run_console
-    from flows.interrupt import INTERRUPTED_STATUS, quiet_interrupt_logs
-    from flows.local_api import local_prefect_api
-    from rollflow.configuration.parameter_secrets import secret_overrides_aside
-    from rollflow.trial.kept import kept_line, trial_for_command
-
-    with secret_overrides_aside(overrides) as public:
-        trial = trial_for_command(config, overrides, trial)
-        try:
-            with run_console(verbose=verbose), quiet_interrupt_logs(), local_prefect_api():
-                summary = async_rl(config=config, overrides=public, trial=trial, resume=resume)
-        except KeyboardInterrupt:
-            print(kept_line(trial, config, overrides, shown=public), file=sys.stderr)
-            return INTERRUPTED_STATUS
-    print_summary(summary)
-    return 0
 
 
 if __name__ == "__main__":

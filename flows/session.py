@@ -30,7 +30,7 @@ It only turns Python objects into an ``ExperimentConfig``; there is no second co
   ``{"train.steps": 50}``); ``model``, ``dataset`` and ``reward_fn`` go on top.
 
 Why ``flows``, not ``rollflow``: it runs Prefect flows, and ``rollflow/`` never imports prefect (the core
-runs without it), as ``rollflow``'s CLI lives in ``flows/cli.py``.
+runs without it), as ``rollflow``'s CLI lives in ``flows/cli/``.
 What it is not: a trainer object that holds a model in memory; every call goes through storage, the
 flows and MLflow, exactly as a deployment run does.
 """

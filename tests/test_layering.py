@@ -130,7 +130,7 @@ PREFECT_GLUE = {
     "tasks/runtime.py:_RunLogHandler": "forwards the core's log records to the Prefect run's handlers",
     "flows/console.py:_NoCompletedTaskLines": "a filter on Prefect's console lines",
     "flows/end_state.py:RealEndStateFilter": "rewrites Prefect's end-state log line of a cancelled run",
-    "flows/interrupt.py:_NoInterruptOnConsole": "a filter on Prefect's console lines after Ctrl-C",
+    "flows/cli/interrupt.py:_NoInterruptOnConsole": "a filter on Prefect's console lines after Ctrl-C",
     "flows/gpu_plan.py:MissingImageError": "the error of the GPU deployment plan (a Prefect deployment)",
     "flows/session.py:SessionError": "the error of the Python API that runs the flows",
     "flows/session.py:RLRun": "the Python API: runs the async-rl flow on a private Prefect API",

@@ -10,7 +10,7 @@ What it is:
 
   and ``rlrun_kept_line``, what ``RLRun.train()`` prints before it re-raises the ``KeyboardInterrupt``:
   the command that resumes the trial from the project directory, and the Python call.
-What it is not: the stop itself, nor the console (``flows/interrupt.py`` keeps Prefect's lines off it);
+What it is not: the stop itself, nor the console (``flows/cli/interrupt.py`` keeps Prefect's lines off it);
 it only reads storage.
 """
 

@@ -17,6 +17,8 @@ What it is:
     (``ResumedConfig.ignored``) so the flow can say that the record won.
 * ``settle_config``: the same for a trial in any state (new, unfinished, trained, finished), recording
   the result (``record_resume``) unless asked only to look (``write=False``: the command line's check).
+* ``recorded_config``: the trial's recorded config with a reader's own overrides on top (what an evaluation
+  or ``rollflow query/view/replay`` of the trial uses: its data, model and evaluation set);
 * ``resume_tags`` / ``pinned_overrides``: the resume's overrides as MLflow tags, and the overrides that
   make a child process (distributed mode) resolve the same config.
 
@@ -38,6 +40,7 @@ from rollflow.api.errors import ResumeOverrideError
 from rollflow.configuration.loader import flatten, load_config, parse_override, redacted_dict, to_dict
 from rollflow.configuration.redact import REDACTED
 from rollflow.trial.record import read_config_record, record_resume, resume_overrides, write_config_record
+from rollflow.trial.store import open_trial_storage
 from storage.fs import Storage
 
 log = logging.getLogger(__name__)
@@ -201,6 +204,16 @@ def settle_config(
     if resumed.overrides:
         say(f"resume overrides of {cfg.trial}: {' '.join(resumed.overrides)} (recorded with the trial)")
     return ResumedConfig(resumed.cfg, resumed.overrides, resumed.ignored, history)
+
+
+def recorded_config(cfg: ExperimentConfig, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """The recorded config of ``cfg``'s trial with ``overrides`` on top; ``cfg`` for a trial without a record."""
+    record = read_config_record(open_trial_storage(cfg))
+    if record is None:
+        return cfg
+    recorded = resume_config(record, cfg, [], trained_version=0).cfg
+    given = resume_overrides(overrides)
+    return load_config(data=to_dict(recorded), overrides=given) if given else recorded
 
 
 def resume_tags(resumed: ResumedConfig) -> dict[str, str]:
