@@ -12,7 +12,7 @@ the caller's ``scored_version`` when it knows it (the ``evaluate`` flow serves a
 server that starts at version 0), else the version the servers report. The 'before' record (v0) is
 written once and never replaced; a resumed trial's 'before' is that record, not a new evaluation.
 
-Retention (``rollflow.eval_scores.BaseSplit``): the 'before' evaluation decides which held-out problems
+Retention (``rollflow.trial.base_split.BaseSplit``): the 'before' evaluation decides which held-out problems
 the starting policy solves and stores that split with the trial (``rollflow.trial.base_split``); every later
 evaluation of the same set logs ``eval/accuracy_base_solved`` and ``eval/accuracy_base_unsolved``.
 ``eval_loop`` repeats that every ``eval.every_n_versions`` published versions until stopped; it logs
