@@ -42,7 +42,7 @@ from safetensors.torch import save_file
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.metrics import InMemorySink
 from rollflow.configuration.loader import load_config
-from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trial.store import open_trial_storage
 
 logger = logging.getLogger("bench.peer_rollflow")
 

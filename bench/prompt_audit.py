@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trial.store import open_trial_storage
 
 CONSUMED_DIR = "trainer/consumed"
 

@@ -86,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     from bench.suite.families import candidate_overrides, family_config, select
     from rollflow.api.workflow import import_string
     from rollflow.configuration.loader import load_config
-    from rollflow.configuration.trial_storage import open_trial_storage
     from rollflow.data import load_prompts
     from rollflow.models.bootstrap import bootstrap_for
-    from rollflow.trial_record import write_config_record
+    from rollflow.trial.record import write_config_record
+    from rollflow.trial.store import open_trial_storage
 
     (family,) = select([args.family])
     if family.split != "dev":

@@ -199,8 +199,8 @@ def _config(workdir: Path, trial: str, model_dir: Path, dtype: str, lr: float, s
 
 def publish_versions(workdir: Path, model_dir: Path, dtype: str, lr: float, s: DeltaSettings) -> list[Path]:
     """Train ``s.steps`` steps publishing every version; the version directories v0..v{steps}."""
-    from rollflow.configuration.trial_storage import open_trial_storage
     from rollflow.training.trainer import Trainer
+    from rollflow.trial.store import open_trial_storage
     from storage import keys
 
     trial = f"{dtype}-lr{lr:g}"

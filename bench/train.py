@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import median, report
-from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trial.store import open_trial_storage
 
 WARMUP = 2
 GROUPS, GROUP_SIZE, PROMPT, COMPLETION = 8, 8, 33, 31

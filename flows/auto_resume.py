@@ -9,14 +9,14 @@ node) or Failed, Prefect runs the same deployment with the crashed run's ``confi
 - ``begin_auto_resume``: takes the trial from the name, names itself ``async-rl-<trial>`` at once (so a
   crash of its own is resumed too) and resumes;
 - ``charge_auto_resume``: counts itself against ``orchestration.max_auto_resumes`` per
-  ``orchestration.auto_resume_window_s`` in the trial's storage (``rollflow.auto_resume``).
+  ``orchestration.auto_resume_window_s`` in the trial's storage (``rollflow.trial.auto_resume``).
 
 A deployment run whose failure a resume would only repeat (``not_resumable_reason``: a config error, a bad
 dataset, a corrupt model, a broken reward function, a spent budget) ends in a Failed state named
 ``NotResumable`` whose message says why (``not_resumable_state``). The trigger expects ``Failed`` and
 ``Crashed``, the state names of the events, so such a run is not resumed: nothing restarts forever.
 
-What it is not: the budget or the classification (``rollflow.auto_resume``); a run outside a deployment
+What it is not: the budget or the classification (``rollflow.trial.auto_resume``); a run outside a deployment
 (``rollflow run``, a notebook) raises as before.
 """
 
@@ -29,8 +29,8 @@ from prefect import get_run_logger
 from prefect.states import Failed, State
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.auto_resume import AutoResumeBudget, not_resumable_reason, trial_of_flow_run
-from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trial.auto_resume import AutoResumeBudget, not_resumable_reason, trial_of_flow_run
+from rollflow.trial.store import open_trial_storage
 from tasks.runtime import name_flow_run
 
 NOT_RESUMABLE = "NotResumable"  # the Failed state's name: the trigger, which expects "Failed", ignores it

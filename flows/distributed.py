@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trial.store import open_trial_storage
 from tasks.bootstrap import bootstrap_model
 from tasks.distributed import TRAIN, trigger_children, wait_children
 from tasks.evaluate import eval_loop, evaluate_policy

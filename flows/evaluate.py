@@ -20,7 +20,9 @@ from prefect import flow
 
 from flows.run_name import evaluate_run_name
 from rollflow.api.config import ExperimentConfig
-from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trial.resume_policy import recorded_config
+from rollflow.trial.store import open_trial_storage
+from storage.checkpoints import CheckpointStore
 from tasks.bootstrap import bootstrap_model
 from tasks.evaluate import evaluate_policy
 from tasks.runtime import (
@@ -48,35 +50,17 @@ def evaluate(
     """Score checkpoint ``version`` (-1 = latest committed) on ``split`` (default: dataset.eval_split)."""
     from prefect.runtime import flow_run
 
-    from storage.checkpoints import CheckpointStore
-    from storage.errors import CheckpointNotFoundError
-
     configure_process_env()
     with core_logs_to_this_run():
-        cfg = _as_recorded(
-            resolve_config(config, overrides or [], data=config_data(settings)), overrides or []
-        )
+        resolved = resolve_config(config, overrides or [], data=config_data(settings))
+        cfg = recorded_config(resolved, overrides or [])  # what the trial trained with (its eval set)
         configure_process_env(cfg)
         store = CheckpointStore(open_trial_storage(cfg))
-        if version < 0:
-            latest = store.resolve_latest()
-            if latest is None:
-                raise CheckpointNotFoundError(
-                    f"no committed checkpoint under {store.storage.root_uri}; train first"
-                )
-            version = latest.version
+        version = _resolve_version(store, version)
         name = f"evaluate-{cfg.trial}-v{version}"
         if flow_run.name != name:  # named at start from LATEST; a damaged one resolved to another version
             name_flow_run(name)
-        collected_v0 = version == 0 and 0 not in store.list_committed()
-        if collected_v0:  # retention removed v0's checkpoint: v0 is the model.path the trial recorded
-            local = Path(bootstrap_model(cfg))
-        else:
-            local = store.fetch(version, Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial)
-        if not collected_v0 and store.get(version).is_adapter:  # LoRA: serve base + adapter, merged
-            from rollflow.training.lora import merge_adapter_dir
-
-            local = merge_adapter_dir(cfg.model.path, local, local.with_name(f"{local.name}-merged"))
+        local = _checkpoint_dir(cfg, store, version)
         eval_cfg = dataclasses.replace(
             cfg,
             inference=dataclasses.replace(cfg.inference, backend="local", n_servers=1),
@@ -94,18 +78,29 @@ def evaluate(
         return {k: v for k, v in result.items() if k != "rows"} | {"checkpoint_version": version}
 
 
-def _as_recorded(cfg: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
-    """The trial's recorded config (what it trained with: its data, model and evaluation set), with this
-    evaluation's own overrides on top; ``cfg`` as given for a trial without a record."""
-    from rollflow.configuration.loader import load_config, to_dict
-    from rollflow.trial_record import read_config_record, resume_config, resume_overrides
+def _resolve_version(store: CheckpointStore, version: int) -> int:
+    """``version``, or for -1 the newest committed one (``CheckpointNotFoundError`` when there is none)."""
+    from storage.errors import CheckpointNotFoundError
 
-    record = read_config_record(open_trial_storage(cfg))
-    if record is None:
-        return cfg
-    recorded = resume_config(record, cfg, [], trained_version=0).cfg
-    given = resume_overrides(overrides)
-    return load_config(data=to_dict(recorded), overrides=given) if given else recorded
+    if version >= 0:
+        return version
+    latest = store.resolve_latest()
+    if latest is None:
+        raise CheckpointNotFoundError(f"no committed checkpoint under {store.storage.root_uri}; train first")
+    return latest.version
+
+
+def _checkpoint_dir(cfg: ExperimentConfig, store: CheckpointStore, version: int) -> Path:
+    """A local directory holding checkpoint ``version`` as a full model (a LoRA adapter merged)."""
+    collected_v0 = version == 0 and 0 not in store.list_committed()
+    if collected_v0:  # retention removed v0's checkpoint: v0 is the model.path the trial recorded
+        return Path(bootstrap_model(cfg))
+    local = store.fetch(version, Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial)
+    if store.get(version).is_adapter:  # LoRA: serve base + adapter, merged
+        from rollflow.training.lora import merge_adapter_dir
+
+        local = merge_adapter_dir(cfg.model.path, local, local.with_name(f"{local.name}-merged"))
+    return local
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,8 @@ starts, before "Beginning flow run ..." (a direct call, ``rollflow run``, a depl
 worker alike), so the run is never known by a random name such as ``overjoyed-chicken`` that is renamed
 later. It works out the trial from the run's parameters as the flow does:
 
-- ``trial`` given: that name, ``{date}`` expanded (``rollflow.trials.expand_trial_name``);
-- ``auto_resume_of`` given: the trial of the run it resumes (``rollflow.auto_resume``);
+- ``trial`` given: that name, ``{date}`` expanded (``rollflow.trial.naming``);
+- ``auto_resume_of`` given: the trial of the run it resumes (``rollflow.trial.auto_resume``);
 - a ``trial=`` override: the config's trial, expanded;
 - none (a new trial; not a resume): a fresh name ``{config trial}-{YYYYmmdd-HHMMSS}-{4 hex}``, which the
   flow then takes as its trial (``planned_trial``), so the name and the trial are the same.
@@ -19,7 +19,7 @@ its config and overrides, N its ``version`` parameter or, for -1 (the latest), t
 ``checkpoints/LATEST`` names (one small read); ``evaluate-<trial>`` when nothing is published yet, and
 ``evaluate`` when the config does not load. The flow renames the run if the version it resolves differs
 (a damaged LATEST).
-What it is not: the choice of the trial's state (new, unfinished, trained, finished: ``rollflow.trials``).
+What it is not: the choice of the trial's state (new, unfinished, trained, finished: ``rollflow.trial.choice``).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ _planned: dict[str, str] = {}  # flow run id -> the fresh trial its name announc
 def _trial_of(params: dict[str, Any]) -> tuple[str, bool]:
     """(trial, fresh) for a run's parameters; raises when they name none."""
     from rollflow.configuration.loader import load_config
-    from rollflow.trials import expand_trial_name, fresh_trial_name, named_in_overrides
+    from rollflow.trial.naming import expand_trial_name, trial_to_run
     from tasks.runtime import config_data
 
     if params.get("auto_resume_of"):
-        from rollflow.auto_resume import trial_of_flow_run
+        from rollflow.trial.auto_resume import trial_of_flow_run
 
         return trial_of_flow_run(str(params["auto_resume_of"])), False
     if params.get("trial") is not None:
@@ -45,11 +45,10 @@ def _trial_of(params: dict[str, Any]) -> tuple[str, bool]:
     overrides = list(params.get("overrides") or [])
     data = config_data(params.get("settings"))
     cfg = load_config(None if data is not None else params.get("config"), overrides, data=data)
-    if named_in_overrides(overrides):
-        return expand_trial_name(cfg.trial), False
-    if params.get("resume"):
+    trial, fresh = trial_to_run(cfg, overrides, None)
+    if fresh and params.get("resume"):
         raise ValueError("resume without a trial")
-    return fresh_trial_name(cfg.trial), True
+    return trial, fresh
 
 
 def async_rl_run_name() -> str:
@@ -73,7 +72,7 @@ def evaluate_run_name() -> str:
     params = dict(flow_run.parameters or {})
     try:
         from rollflow.configuration.loader import load_config
-        from rollflow.configuration.trial_storage import open_trial_storage
+        from rollflow.trial.store import open_trial_storage
         from storage.checkpoints import CheckpointStore
         from tasks.runtime import config_data
 

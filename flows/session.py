@@ -30,7 +30,7 @@ It only turns Python objects into an ``ExperimentConfig``; there is no second co
   ``{"train.steps": 50}``); ``model``, ``dataset`` and ``reward_fn`` go on top.
 
 Why ``flows``, not ``rollflow``: it runs Prefect flows, and ``rollflow/`` never imports prefect (the core
-runs without it), as ``rollflow``'s CLI lives in ``flows/cli.py``.
+runs without it), as ``rollflow``'s CLI lives in ``flows/cli/``.
 What it is not: a trainer object that holds a model in memory; every call goes through storage, the
 flows and MLflow, exactly as a deployment run does.
 """
@@ -51,9 +51,9 @@ from rollflow.api.config import ExperimentConfig, ReasoningGymConfig
 from rollflow.api.errors import RollflowError
 from rollflow.configuration.loader import load_config, read_yaml, to_dict
 from rollflow.configuration.project_dir import in_project
-from rollflow.configuration.trial_storage import open_trial_storage
 from rollflow.rewards.inprocess import is_in_process, register_reward
 from rollflow.rewards.protocol import reward_fn_name
+from rollflow.trial.store import open_trial_storage
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -316,9 +316,9 @@ class RLRun:
     def train(self, *, resume: bool = False) -> dict[str, Any]:
         """Run the ``async-rl`` flow in this process; returns its summary (and remembers the trial)."""
         from flows.async_rl import async_rl
-        from flows.interrupt import rlrun_kept_line
         from flows.local_api import local_prefect_api
-        from rollflow.trials import expand_trial_name, fresh_trial_name
+        from rollflow.trial.kept import rlrun_kept_line
+        from rollflow.trial.naming import expand_trial_name, fresh_trial_name
 
         # named before the flow starts, so that Ctrl-C can say which trial it kept
         trial = expand_trial_name(self.trial) if self.trial else fresh_trial_name(self.settings.trial)

@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.end_state import state_real_end_states
 from flows.gpu_plan import torchrun_command
 from rollflow.api.config import ExperimentConfig
-from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trial.store import open_trial_storage
 from tasks.bootstrap import bootstrap_model
 from tasks.distributed import child_tracker
 from tasks.runtime import (

@@ -4,14 +4,14 @@ What it is: ``mark_finalized`` / ``read_finalized`` of the trial-root key ``FINA
 done when its final evaluation, the end of its MLflow run and its registry decision are recorded, not
 when training stops; the flow writes this record after all three, so its existence means they are there
 (the manifest-last rule). A trial whose trainer wrote ``trainer/DONE.json`` but that has no record was
-stopped between training and finalization, and a resume finalizes it (``tasks.finalize``)::
+stopped between training and finalization, and a resume finalizes it (``rollflow.trial.finalization``)::
 
     trainer/DONE.json   FINALIZED.json   the trial is
     absent              absent           unfinished: a resume trains on
     present             absent           trained: a resume runs the missing finalization steps, once
     present             present          finished: a resume reports it and changes nothing
 
-What it is not: the finalization itself (``tasks/finalize.py``) nor the trainer's done marker
+What it is not: the finalization itself (``rollflow/trial/finalization.py``) nor the trainer's done marker
 (``storage.checkpoints.CheckpointStore.mark_done``).
 """
 

@@ -20,8 +20,11 @@ trainer/DONE.json                                         the trainer finished
 FINALIZED.json                                            the trial is whole (written last; storage.finalization)
 rollout/state-{name}.json                                 a rollout worker's state and heartbeat (storage.worker_state)
 rollout/partials/{writer_id}.json                         episodes in flight at a graceful stop (storage.partial_records)
-orchestration/auto-resumes.json                           automatic resumes of the trial (rollflow.auto_resume)
+orchestration/auto-resumes.json                           automatic resumes of the trial (rollflow.trial.auto_resume)
 eval/v{N:06d}.json                                        evaluation of version N
+record/config.json                                        the config the trial runs with (rollflow.trial.record)
+record/base-split.json                                    what the starting policy solved (rollflow.trial.base_split)
+record/warm-start.json                                    where the first steps' data came from (warm_start_reuse)
 ```
 """
 
@@ -47,6 +50,11 @@ CLAIMS_PER_DIR = 1000
 PARTIALS_DIR = "rollout/partials"
 AUTO_RESUMES_KEY = "orchestration/auto-resumes.json"
 EVAL_DIR = "eval"
+RECORD_DIR = "record"
+CONFIG_RECORD_KEY = "record/config.json"
+BASE_SPLIT_KEY = "record/base-split.json"
+WARM_START_KEY = "record/warm-start.json"
+_STATE_PREFIX = "state-"
 
 # Names that go into keys: letters, digits, '_', '.', '-'; no leading '.' (hidden / temp files).
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
@@ -135,12 +143,26 @@ def ack_key(v: int, server_id: str) -> str:
 
 def trainer_state_key(step: int) -> str:
     """`trainer/state-{step:08d}.json`: consumed commits, version, RNG, data cursor."""
-    return f"{TRAINER_DIR}/state-{_check_version(step, 'step'):08d}.json"
+    return f"{trainer_state_dir(step)}.json"
 
 
 def trainer_state_dir(step: int) -> str:
     """`trainer/state-{step:08d}`: model / optimizer blobs (safetensors) beside the JSON."""
-    return f"{TRAINER_DIR}/state-{_check_version(step, 'step'):08d}"
+    return f"{TRAINER_DIR}/{_STATE_PREFIX}{_check_version(step, 'step'):08d}"
+
+
+def parse_trainer_state_key(key: str) -> int | None:
+    """Inverse of `trainer_state_key` on a key as listed under `trainer/`; None if `key` is not one."""
+    if key.count("/") != 1 or not key.endswith(".json"):
+        return None
+    return parse_trainer_state_dir(key.removesuffix(".json"))
+
+
+def parse_trainer_state_dir(key: str) -> int | None:
+    """Inverse of `trainer_state_dir` on the last key component (`state-{step}`); None if it is not one."""
+    name = key.rsplit("/", 1)[-1]
+    digits = name[len(_STATE_PREFIX) :]
+    return int(digits) if name.startswith(_STATE_PREFIX) and digits.isdigit() else None
 
 
 def consumed_key(step: int) -> str:

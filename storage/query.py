@@ -163,17 +163,7 @@ def _sql_list(items: Sequence[str]) -> str:
 
 def _resume_steps(trainer_keys: Sequence[str]) -> list[int]:
     """Steps of the resume points (``trainer/state-{step:08d}.json``) among the trainer's keys, ascending."""
-    steps = []
-    for k in trainer_keys:
-        name = k.rsplit("/", 1)[-1]
-        if (
-            k.count("/") == 1
-            and name.startswith("state-")
-            and name.endswith(".json")
-            and name[6:-5].isdigit()
-        ):
-            steps.append(int(name[6:-5]))
-    return sorted(steps)
+    return sorted(s for s in map(keys.parse_trainer_state_key, trainer_keys) if s is not None)
 
 
 def _commits_table(records: Sequence[CommitRecord]) -> pa.Table:

@@ -12,8 +12,8 @@ the caller's ``scored_version`` when it knows it (the ``evaluate`` flow serves a
 server that starts at version 0), else the version the servers report. The 'before' record (v0) is
 written once and never replaced; a resumed trial's 'before' is that record, not a new evaluation.
 
-Retention (``rollflow.eval_scores.BaseSplit``): the 'before' evaluation decides which held-out problems
-the starting policy solves and stores that split with the trial (``rollflow.trial_record``); every later
+Retention (``rollflow.trial.base_split.BaseSplit``): the 'before' evaluation decides which held-out problems
+the starting policy solves and stores that split with the trial (``rollflow.trial.base_split``); every later
 evaluation of the same set logs ``eval/accuracy_base_solved`` and ``eval/accuracy_base_unsolved``.
 ``eval_loop`` repeats that every ``eval.every_n_versions`` published versions until stopped; it logs
 each score at ``log_level`` (the embedded flow passes DEBUG: its progress lines carry the newest score).
@@ -30,13 +30,12 @@ from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import InferenceError
-from rollflow.api.metrics import MetricsSink
-from rollflow.configuration.trial_storage import open_trial_storage
-from rollflow.eval_scores import BaseSplit
+from rollflow.api.metrics import MetricsSink, PrefixSink
 from rollflow.evaluation import EvalResult, arun_eval, served_version, wait_for_served_version
 from rollflow.timing.clock import Timeline
-from rollflow.tracking.prefix_sink import PrefixSink
-from rollflow.trial_record import eval_record, read_base_split, write_base_split, write_eval_record
+from rollflow.trial.base_split import BaseSplit, read_base_split, write_base_split
+from rollflow.trial.evaluations import eval_record, write_eval_record
+from rollflow.trial.store import open_trial_storage
 from tasks.runtime import interrupted, run_sync
 from tasks.tracking import table_artifact
 
@@ -49,7 +48,7 @@ def record_eval(
     version: int | None = None,
     retention: dict[str, float] | None = None,
 ) -> None:
-    """Write ``eval/v{version}.json`` in the trial's storage (``rollflow.trial_record.write_eval_record``:
+    """Write ``eval/v{version}.json`` in the trial's storage (``rollflow.trial.evaluations.write_eval_record``:
     v0, the 'before' score, is never replaced); ``version``: the checkpoint version scored (default: the
     one the servers reported). A score on another evaluation set than the trial's (another split or
     ``eval.n_prompts``: its digest differs from the base split's) is not recorded, so the records of a

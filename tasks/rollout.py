@@ -1,37 +1,26 @@
 """Task: the rollout loop (long-lived): client + checkpoint watcher + executor + shard writer.
 
 It runs until the trainer's done marker appears, ``stop_event`` is set, or a rollout limit is hit, and
-returns the loop's summary (accepted/rejected groups, shards written, weight updates seen).
-
-With ``fleet`` (the launched servers' ``ServerGroup``), its supervisor's events reach the client and the
-watcher (``rollflow.inference.fleet_link.FleetLink``): a dead server is routed around, a restarted one is caught up to the served version, a lost
-one is dropped. When no server is left (or none answered for ``inference.dead_server_timeout_s``) the
-loop stops, ``stop_event`` is set (the trainer stops after its step and writes its resume point), and
-a ``ServerLostError`` says which servers died and why.
+returns the loop's summary (accepted/rejected groups, shards written, weight updates seen); the work is
+``rollflow.rollout.process.run_rollout_process``. With ``fleet`` (the launched servers' ``ServerGroup``),
+its supervisor's events reach the client and the watcher. A rollout stopped from outside before the
+trainer finished ends Cancelled.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from infra.servers import ServerHandle
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.errors import ServerLostError
 from rollflow.api.metrics import MetricsSink
-from rollflow.configuration.trial_storage import open_trial_storage
 from rollflow.timing.clock import Timeline
-from rollflow.tracking.prefix_sink import PrefixSink
+from rollflow.trial.store import open_trial_storage
 from tasks.runtime import interrupted, run_sync
-
-if TYPE_CHECKING:
-    from rollflow.inference.watcher import CheckpointWatcher
-    from storage.fs import Storage
 
 
 @task(name="rollout-loop", cache_policy=NO_CACHE, persist_result=False)
@@ -45,109 +34,27 @@ def rollout_loop(
     fleet: ServerHandle | None = None,
     timeline: Timeline | None = None,
 ) -> dict[str, Any]:
-    from rollflow.inference.client import EngineClient
-    from rollflow.inference.fleet_link import FleetLink
-    from rollflow.inference.watcher import CheckpointWatcher
-    from rollflow.rollout.loop import rollout_worker_id, run_rollout_loop
-    from rollflow.rollout.worker_report import RolloutSummary
-    from storage.checkpoints import CheckpointStore
+    from rollflow.rollout.loop import rollout_worker_id
+    from rollflow.rollout.process import run_rollout_process
 
-    logger = get_run_logger()
     stop_event = stop_event or threading.Event()
-    storage = open_trial_storage(cfg)
-    sink = PrefixSink(metrics, "rollout/")
-    client = EngineClient.from_config(cfg.inference, addresses, metrics=sink)
-    fatal: list[str] = []
-    own_timeline = timeline is None  # a deployment run (distributed mode): this process's own accounting
-    timeline = timeline if timeline is not None else Timeline()
-
-    def on_fatal(message: str) -> None:
-        fatal.append(message)
-        stop_event.set()
-
-    watcher = CheckpointWatcher.from_config(
-        cfg.inference,
-        CheckpointStore(storage),
-        addresses,
-        cache_dir=Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial,
-        on_update=client.set_version,
-        metrics=sink,
-        ack_ttl_s=cfg.storage.ack_ttl_s,
-        on_fatal=on_fatal,
-        clock=timeline.role("weights", initial="waiting"),
-    )
-    link = FleetLink(client, watcher)
     supervisor = fleet.supervisor if fleet is not None else None
-    if supervisor is not None:
-        supervisor.add_listener(link)
-    watcher.start()
-    _catch_up(cfg, storage, watcher)
-    name = writer_name or rollout_worker_id(_flow_run_id())  # unique per flow run, stable across retries
-
-    async def run() -> RolloutSummary:
-        try:
-            return await run_rollout_loop(
-                cfg,
-                storage,
-                client,
-                version_fn=client.get_version,
-                stop_event=stop_event,
-                metrics=sink,
-                writer_name=name,
-                timeline=timeline,
-            )
-        finally:
-            await client.aclose()
-
-    done = None
-    try:
-        summary = run_sync(run())
-        done = CheckpointStore(storage).is_done()
-        if done is not None:  # keep loading weights until the servers serve the final policy
-            final = int(done.get("final_version", done.get("version", 0)))
-            if not watcher.wait_for_version(final, timeout_s=cfg.orchestration.stop_timeout_s * 4):
-                logger.warning(
-                    "servers did not reach the final version %d; last error: %s", final, watcher.errors[-1:]
-                )
-    except BaseException:
-        stop_event.set()
-        raise
-    finally:
-        watcher.stop()
-        if supervisor is not None:
-            supervisor.remove_listener(link)
-    if own_timeline and metrics is not None:
-        metrics.log(timeline.metrics(), step=timeline.version)
-    if fatal:
-        raise ServerLostError(f"rollout stopped: {fatal[0]}")
-    logger.info("rollout finished: %s", summary.brief())
-    out = dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)
-    out["weight_updates"] = len(watcher.events)
-    if supervisor is not None:
-        out["server_restarts"] = sum(supervisor.restarts.values())
-        out["servers_lost"] = len(supervisor.lost)
-    if done is None and stop_event.is_set():  # stopped from outside before the trainer finished
+    out, finished = run_rollout_process(
+        cfg,
+        open_trial_storage(cfg),
+        addresses,
+        writer_name=writer_name
+        or rollout_worker_id(_flow_run_id()),  # unique per flow run, stable across retries
+        stop_event=stop_event,
+        run_sync=run_sync,
+        metrics=metrics,
+        supervisor=supervisor,
+        timeline=timeline,
+        logger=get_run_logger(),
+    )
+    if not finished and stop_event.is_set():  # stopped from outside before the trainer finished
         return interrupted(out, "rollout stopped before the trainer finished")
     return out
-
-
-def _catch_up(cfg: ExperimentConfig, storage: Storage, watcher: CheckpointWatcher) -> None:
-    """A resumed trial's servers start on the base weights (version 0): wait until they serve the newest
-    committed version before generating, so nothing (a continued partial episode above all) is generated
-    by a policy the staleness bound would reject anyway. A fresh trial (no version past 0) waits for nothing."""
-    from storage.checkpoints import CheckpointStore
-
-    latest = CheckpointStore(storage).latest_version()
-    if not latest:
-        return
-    if not watcher.wait_for_version(latest, timeout_s=cfg.inference.startup_timeout_s):
-        get_run_logger().warning(
-            "servers did not reach v%d within %.0f s before the rollout started; generating anyway (the "
-            "staleness bound judges what they make); last error: %s",
-            latest,
-            cfg.inference.startup_timeout_s,
-            watcher.errors[-1:],
-        )
 
 
 def _flow_run_id() -> str | None:

@@ -2,7 +2,7 @@
 
 What it is: one-call Prefect table and markdown artifacts under a key (a run creates each key once;
 Prefect keeps a new version of a key per run). The per-loop metric namespace (``train/``, ``rollout/``,
-``eval/``) is ``rollflow.tracking.prefix_sink.PrefixSink``.
+``eval/``) is ``rollflow.api.metrics.PrefixSink``.
 What it is not: MLflow logic (rollflow/tracking), metric computation (the loops), or the progress
 people watch (``tasks/progress.py``: the 10 % lines, the bar and the progress artifact updated in place).
 """

@@ -16,10 +16,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.metrics import MetricsSink
-from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.api.metrics import MetricsSink, PrefixSink
 from rollflow.timing.clock import Timeline
-from rollflow.tracking.prefix_sink import PrefixSink
+from rollflow.trial.store import open_trial_storage
 from tasks.progress import RunProgress
 from tasks.runtime import interrupted
 

@@ -132,9 +132,8 @@ PREFECT_GLUE = {
     "tasks/runtime.py:_RunLogHandler": "forwards the core's log records to the Prefect run's handlers",
     "flows/console.py:_NoCompletedTaskLines": "a filter on Prefect's console lines",
     "flows/end_state.py:RealEndStateFilter": "rewrites Prefect's end-state log line of a cancelled run",
-    "flows/interrupt.py:_NoInterruptOnConsole": "a filter on Prefect's console lines after Ctrl-C",
+    "flows/cli/interrupt.py:_NoInterruptOnConsole": "a filter on Prefect's console lines after Ctrl-C",
     "flows/gpu_plan.py:MissingImageError": "the error of the GPU deployment plan (a Prefect deployment)",
-    "flows/preflight.py:CommandError": "the error of a rollflow command line that starts flows",
     "flows/session.py:SessionError": "the error of the Python API that runs the flows",
     "flows/session.py:RLRun": "the Python API: runs the async-rl flow on a private Prefect API",
 }
@@ -240,16 +239,29 @@ ROLLFLOW_FLOORS: tuple[tuple[str, ...], ...] = (
     ("data",),  # datasets and task families (tool_lookup renders agent conversations)
     ("configuration", "models"),  # the loader (which checks data settings); the tiny model's warm start
     ("workflows", "eval_scores"),  # rollout workflows; evaluation records
-    ("rollout", "trial_record", "trials", "auto_resume"),  # the rollout worker; the trial's records
+    # the rollout worker; the trial room's records (rollflow/trial/: its name, storage, record, evaluation
+    # records, base split, choice, resume policy, auto-resume budget, lineage tags)
+    ("rollout", "trial.naming", "trial.store", "trial.evaluations", "trial.base_split", "trial.auto_resume"),
+    ("trial.record", "trial.choice", "trial.lineage"),
+    ("trial.resume_policy",),  # fmt: skip
     ("training", "evaluation", "viewer"),  # the trainer; held-out evaluation; the trajectory viewer
     ("tracking",),  # MLflow and the registry gate, over all of the above
+    # the trial room's life, over the trainer and MLflow: finalization, the summary, a retrain from the
+    # registry, the Ctrl-C lines; then open_trial; then the command line's check and the package
+    ("trial.finalization", "trial.summary", "trial.retrain", "trial.kept"),
+    ("trial.opening",),
+    ("trial.preflight", "trial"),
 )
 
 
 def rollflow_unit(module: str) -> str | None:
-    """``rollflow.rollout.loop`` -> ``rollout``; ``rollflow.eval_scores`` -> ``eval_scores``; else None."""
+    """``rollflow.rollout.loop`` -> ``rollout``; ``rollflow.eval_scores`` -> ``eval_scores``; else None.
+    The trial room's modules are units of their own (``rollflow.trial.record`` -> ``trial.record``): the
+    room holds both the trial's records, below the trainer, and its finalization, above MLflow."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "rollflow" and len(parts) > 1 else None
+    if parts[0] != "rollflow" or len(parts) < 2:
+        return None
+    return f"trial.{parts[2]}" if parts[1] == "trial" and len(parts) > 2 else parts[1]
 
 
 def unit_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], str]:

@@ -96,7 +96,7 @@ class RewardFunctionError(RollflowError):
 
 
 class NotResumableError(RollflowError):
-    """A run whose failure would only repeat on a resume (``rollflow.auto_resume``); says why."""
+    """A run whose failure would only repeat on a resume (``rollflow.trial.auto_resume``); says why."""
 
 
 class CorruptRecordError(RollflowError):
@@ -147,3 +147,19 @@ class EpisodeLimitError(RollflowError):
 
 class ViewerInputError(RollflowError, ValueError):
     """A trajectory-viewer request parameter that cannot be used (a bad version range, a non-numeric reward)."""
+
+
+class TrialExistsError(ConfigError):
+    """A run named a trial that already holds data without asking to resume it."""
+
+
+class NothingToResumeError(ConfigError):
+    """``resume=True`` named a trial that holds no data."""
+
+
+class ResumeOverrideError(ConfigError):
+    """An override given on resume would contradict what the trial already recorded."""
+
+
+class CommandError(RollflowError):
+    """A ``rollflow`` command line that cannot work as given; the message says what to type instead."""

@@ -45,3 +45,15 @@ class InMemorySink:
     def values(self, name: str) -> list[float]:
         with self._lock:
             return [v for _, v in self.history.get(name, [])]
+
+
+class PrefixSink:
+    """A ``MetricsSink`` that namespaces every metric of one loop (``loss`` -> ``train/loss``) on its way to
+    the run's sink, so ``train/``, ``rollout/`` and ``eval/`` never collide. Every metric is forwarded."""
+
+    def __init__(self, inner: MetricsSink | None, prefix: str) -> None:
+        self.inner: MetricsSink = inner if inner is not None else NullSink()
+        self.prefix = prefix
+
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.inner.log({self.prefix + k: v for k, v in metrics.items()}, step=step)

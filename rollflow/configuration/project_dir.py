@@ -11,7 +11,7 @@ Hydra's ``outputs/`` have it:
 So a trial made by a script in ``~/proj`` is listed, queried and resumed by ``rollflow ls``, ``query``
 and ``resume`` typed in ``~/proj``; the demo's (``make demo`` runs in the checkout) from the checkout.
 ``runs_hint()`` is the sentence a "trial not found" error ends with: where it looked, and how to look
-elsewhere. What it is not: where a config *file* is found (``flows/cli.py``'s ``find_config`` also
+elsewhere. What it is not: where a config *file* is found (``flows/cli/paths.py``'s ``find_config`` also
 looks in the checkout, so the shipped configs work from anywhere), nor storage itself: an absolute or
 ``s3://`` root is used as it is.
 """

@@ -18,7 +18,7 @@ Registering survives a stop half-way (issue 20's failure window: the adapter reg
 model failed, or the process was killed): the decision is made once and written to the run first, with
 ``rollflow.registry.stage = registering`` and without ``rollflow.registry.decision``; registration is
 idempotent per (run, policy version, model name) (``MlflowTracker.register_checkpoint``); the decision
-tag is written last, with the stage ``done``. A resumed finalize (``tasks.finalize``) finds no decision
+tag is written last, with the stage ``done``. A resumed finalize (``rollflow.trial.finalization``) finds no decision
 tag and calls the gate again, which takes the written decision rather than judging anew (by then the
 alias may point at the run's own adapter) and registers only what is missing.
 The candidate's scores come from the trial's evaluation records (``eval/v{N}.json``, written by the
@@ -43,7 +43,7 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.tracking.base_model import base_model_identity
 from rollflow.tracking.mlflow_tracker import MlflowTracker
 from rollflow.tracking.registry import Incumbent, decide_registration, incumbent_tags
-from rollflow.trial_record import eval_record
+from rollflow.trial.evaluations import eval_record
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
 

@@ -10,7 +10,7 @@ to train it again:
 - ``trainer/consumed/step-{k:08d}.json``: the group ids step k trained on, in batch order;
 - the committed shards: those groups, byte for byte (each shard's sha256 is checked against its record
   before use, as the trainer's reader does);
-- the trial's config record (``record/config.json``, ``rollflow.trial_record``; the caller resolves it),
+- the trial's config record (``record/config.json``, ``rollflow.trial.record``; the caller resolves it),
   and optionally a resume point (weights, optimizer, scheduler, RNG) to start from instead of v0.
 
 The real ``Trainer`` runs in a scratch trial under ``work_dir`` with one change: its data source is

@@ -41,7 +41,6 @@ logger = logging.getLogger(__name__)
 RESUME_FORMAT = 1
 MODEL_BLOB = "model.safetensors"
 OPTIM_BLOB = "optimizer.safetensors"
-_STATE_PREFIX = "state-"
 
 
 @dataclass
@@ -192,14 +191,8 @@ def write_resume_point(
 
 def list_resume_steps(storage: ObjectStore) -> list[int]:
     """Steps of committed resume points (their JSON exists), ascending."""
-    steps = []
-    for k in storage.list(keys.TRAINER_DIR):
-        name = k.rsplit("/", 1)[-1]
-        if k.count("/") == 1 and name.startswith(_STATE_PREFIX) and name.endswith(".json"):
-            digits = name[len(_STATE_PREFIX) : -len(".json")]
-            if digits.isdigit():
-                steps.append(int(digits))
-    return sorted(steps)
+    found = (keys.parse_trainer_state_key(k) for k in storage.list(keys.TRAINER_DIR))
+    return sorted(s for s in found if s is not None)
 
 
 def read_resume_point(storage: ObjectStore, step: int) -> ResumePoint:
@@ -271,10 +264,9 @@ def gc_resume_points(storage: ObjectStore, keep: int = 2) -> None:
             storage.delete(keys.trainer_state_key(step))
             storage.delete(keys.trainer_state_dir(step), recursive=True)
     for d in storage.list_dirs(keys.TRAINER_DIR):
-        name = d.rsplit("/", 1)[-1]
-        digits = name[len(_STATE_PREFIX) :]
-        if name.startswith(_STATE_PREFIX) and digits.isdigit() and int(digits) not in live:
-            if int(digits) > max(steps, default=-1):
+        step = keys.parse_trainer_state_dir(d)
+        if step is not None and step not in live:
+            if step > max(steps, default=-1):
                 continue  # a resume point being written right now (its JSON is not there yet)
             storage.delete(d, recursive=True)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rollflow.api.errors import ConfigError, TrainerError
-from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trial.store import open_trial_storage
 
 
 class JsonlSink:

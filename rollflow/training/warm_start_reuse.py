@@ -47,6 +47,7 @@ from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import ConfigError
 from rollflow.training.source import Collected
 from rollflow.training.trainer import Trainer
+from storage import keys
 from storage.errors import CorruptShardError
 from storage.fs import Storage
 from storage.schema import TrajectoryGroup
@@ -55,7 +56,7 @@ from storage.shard_reader import ReaderCursor, ShardReader, TakeResult
 logger = logging.getLogger(__name__)
 
 FIELD = "train.warm_start_from.trial"
-RECORD_KEY = "record/warm-start.json"
+RECORD_KEY = keys.WARM_START_KEY
 _READS = ("get_bytes", "get_json", "exists", "list", "list_dirs", "is_local", "root_uri", "uri", "base")
 
 
@@ -100,8 +101,8 @@ def _model_identity(model: dict[str, Any]) -> dict[str, Any]:
 def load_warm_start(cfg: ExperimentConfig, *, vocab_size: int | None = None) -> WarmStart:
     """The source trial's committed groups to reuse (module docstring); ConfigError when it cannot be."""
     from rollflow.configuration.loader import to_dict
-    from rollflow.configuration.trial_storage import open_trial_storage
-    from rollflow.trial_record import read_config_record
+    from rollflow.trial.record import read_config_record
+    from rollflow.trial.store import open_trial_storage
 
     ws = cfg.train.warm_start_from
     assert ws.trial is not None

@@ -14,177 +14,24 @@ What it is: ``Pages(query, decoder)`` renders, each from a few parameterised que
   (``StaticLinks``; what it does not hold is plain text).
 
 Text is decoded with the run's tokenizer when one is given (else token ids are shown) and every piece
-goes through ``html.esc``. What it is not: HTTP (``server``) or data access beyond the views.
+goes through ``html.esc``. What it is not: HTTP (``server``), the list's filter (``trajectory_filter``),
+where links go (``links``) or data access beyond the views.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlencode
 
-from rollflow.api.errors import ViewerInputError
 from rollflow.viewer import html as H
+from rollflow.viewer.links import Links, StaticLinks, anchor, link
+from rollflow.viewer.trajectory_filter import TrajectoryFilter
 from storage.query import TrajectoryQuery
 
 LIST_COLUMNS = (
     "traj_id, group_id, prompt_id, version, tail_version, reward, finish_reason, n_turns, "
     "prompt_ids, completion_ids, created_at"
 )
-MAX_LIMIT = 500
-
-
-def _num(params: Mapping[str, str], name: str, kind: type) -> Any:
-    raw = params.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise ViewerInputError(
-            f"{name}={raw!r} is not a{'n integer' if kind is int else ' number'}"
-        ) from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ViewerInputError(f"{name}={raw!r} must be finite")
-    return value
-
-
-@dataclass(frozen=True)
-class TrajectoryFilter:
-    """Which rows the list shows; a None condition passes everything."""
-
-    min_version: int | None = None
-    max_version: int | None = None
-    min_reward: float | None = None
-    max_reward: float | None = None
-    prompt: str | None = None  # a prompt id, or a substring of the decoded prompt
-    finish: str | None = None  # a finish reason (stop, length, abort)
-    limit: int = 50
-    offset: int = 0
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> TrajectoryFilter:
-        """From query-string values; ``version`` is V, LO:HI, LO: or :HI. ViewerInputError says what is wrong."""
-        lo = hi = None
-        text = params.get("version", "").strip()
-        if text:
-            a, sep, b = text.partition(":")
-            try:
-                lo = int(a) if a else None
-                hi = (int(b) if b else None) if sep else lo
-            except ValueError:
-                raise ViewerInputError(
-                    f"version={text!r}: write V, LO:HI, LO: or :HI with integers"
-                ) from None
-        limit = _num(params, "limit", int)
-        offset = _num(params, "offset", int)
-        if limit is not None and not 1 <= limit <= MAX_LIMIT:
-            raise ViewerInputError(f"limit={limit} must be between 1 and {MAX_LIMIT}")
-        if offset is not None and offset < 0:
-            raise ViewerInputError(f"offset={offset} must be >= 0")
-        return cls(
-            min_version=lo,
-            max_version=hi,
-            min_reward=_num(params, "min_reward", float),
-            max_reward=_num(params, "max_reward", float),
-            prompt=params.get("prompt", "").strip() or None,
-            finish=params.get("finish", "").strip() or None,
-            limit=limit or 50,
-            offset=offset or 0,
-        )
-
-    def where(self, *, can_decode: bool) -> tuple[str, list[Any]]:
-        """A SQL condition with ``?`` parameters."""
-        cond, args = ["true"], []
-        for sql, value in (
-            ("version >= ?", self.min_version),
-            ("version <= ?", self.max_version),
-            ("reward >= ?", self.min_reward),
-            ("reward <= ?", self.max_reward),
-            ("finish_reason = ?", self.finish),
-        ):
-            if value is not None:
-                cond.append(sql)
-                args.append(value)
-        if self.prompt is not None:
-            if can_decode:
-                cond.append("(prompt_id = ? OR contains(decode(prompt_ids), ?))")
-                args += [self.prompt, self.prompt]
-            else:
-                cond.append("prompt_id = ?")
-                args.append(self.prompt)
-        return " AND ".join(cond), args
-
-    def params(self, **change: Any) -> dict[str, str]:
-        version = ""
-        if self.min_version is not None or self.max_version is not None:
-            if self.min_version == self.max_version:
-                version = str(self.min_version)
-            else:
-                version = f"{'' if self.min_version is None else self.min_version}:{'' if self.max_version is None else self.max_version}"
-        values = {
-            "version": version,
-            "min_reward": "" if self.min_reward is None else repr(self.min_reward),
-            "max_reward": "" if self.max_reward is None else repr(self.max_reward),
-            "prompt": self.prompt or "",
-            "finish": self.finish or "",
-            "limit": str(self.limit),
-            "offset": str(self.offset),
-        }
-        values.update({k: str(v) for k, v in change.items()})
-        return {k: v for k, v in values.items() if v}
-
-
-class Links:
-    """Where a page links to: the server's routes (``StaticLinks``: anchors inside one page). None: the
-    target is not there, and the text is shown without a link."""
-
-    def home(self) -> str | None:
-        return "/"
-
-    def trajectories(self, **params: str) -> str | None:
-        return "/trajectories?" + urlencode(params)
-
-    def trajectory(self, traj_id: str) -> str | None:
-        return "/trajectory?" + urlencode({"id": traj_id})
-
-    def prompt(self, prompt_id: str) -> str | None:
-        return "/prompt?" + urlencode({"id": prompt_id})
-
-
-class StaticLinks(Links):
-    """Anchors of the one static page, only to the sections it holds: ``versions`` (``#v{N}``), the
-    trajectories shown (``#t-{id}``) and the prompts compared (``#p-{id}``); anything else is None."""
-
-    def __init__(self, versions: Sequence[int] = (), trajs: Sequence[str] = (), prompts: Sequence[str] = ()):
-        self.versions, self.trajs, self.prompts = set(versions), set(trajs), set(prompts)
-
-    def home(self) -> str | None:
-        return "#top"
-
-    def trajectories(self, **params: str) -> str | None:
-        v = params.get("version")
-        if v is None:
-            return "#last" if self.versions else None
-        return f"#v{v}" if v.lstrip("-").isdigit() and int(v) in self.versions else None
-
-    def trajectory(self, traj_id: str) -> str | None:
-        return anchor("t-", traj_id) if traj_id in self.trajs else None
-
-    def prompt(self, prompt_id: str) -> str | None:
-        return anchor("p-", prompt_id) if prompt_id in self.prompts else None
-
-
-def anchor(prefix: str, key: str) -> str:
-    """The in-page link to the section whose id is ``prefix`` + the quoted key."""
-    return "#" + prefix + quote(key, safe="")
-
-
-def link(href: str | None, text: str) -> str:
-    """``<a href>text</a>``, or ``text`` alone when there is nowhere to go (``text`` is already HTML)."""
-    return text if href is None else f'<a href="{H.esc(href)}">{text}</a>'
 
 
 class Pages:

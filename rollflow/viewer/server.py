@@ -33,7 +33,8 @@ from urllib.parse import parse_qs, urlsplit
 from rollflow.api.errors import ViewerInputError
 from rollflow.api.net import is_loopback_host
 from rollflow.viewer import html as H
-from rollflow.viewer.pages import Pages, TrajectoryFilter
+from rollflow.viewer.pages import Pages
+from rollflow.viewer.trajectory_filter import TrajectoryFilter
 from storage.errors import QueryError
 
 logger = logging.getLogger(__name__)

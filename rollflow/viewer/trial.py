@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trial.store import open_trial_storage
 from storage.query import TrajectoryQuery
 
 logger = logging.getLogger(__name__)

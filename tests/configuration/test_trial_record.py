@@ -1,4 +1,4 @@
-"""A trial remembers its own settings (``rollflow.trial_record``), on a real local ``Storage``.
+"""A trial remembers its own settings (``rollflow.trial.resume_policy``), on a real local ``Storage``.
 
 The reported failure: a trial started with ``train.steps=200`` and resumed as ``trial=... resume=true``
 re-read the YAML (100) and finished at 100. Here the record wins, an override on resume is explicit,
@@ -12,17 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from rollflow.api.errors import ResumeOverrideError
 from rollflow.configuration.loader import load_config
-from rollflow.trial_record import (
-    CONFIG_KEY,
-    ResumeOverrideError,
-    pinned_overrides,
-    read_config_record,
-    resume_tags,
-    settle_config,
-)
+from rollflow.trial.record import read_config_record
+from rollflow.trial.resume_policy import pinned_overrides, resume_tags, settle_config
 from storage.checkpoints import CheckpointStore
 from storage.fs import Storage
+from storage.keys import CONFIG_RECORD_KEY as CONFIG_KEY
 
 YAML = "configs/tiny_cpu.yaml"  # train.steps: 100
 ROOT = Path(__file__).resolve().parents[2]

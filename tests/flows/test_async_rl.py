@@ -92,7 +92,7 @@ def test_async_rl_learns_and_reports(
     assert summary["mlflow_run_url"].startswith("http") and run.info.run_id in summary["mlflow_run_url"]
 
     # Re-running the finished trial is an explicit resume that changes nothing.
-    from rollflow.trials import TrialExistsError
+    from rollflow.api.errors import TrialExistsError
 
     with pytest.raises(TrialExistsError):
         async_rl(config="configs/tiny_cpu.yaml", overrides=overrides, trial="flow-test")

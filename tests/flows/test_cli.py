@@ -249,7 +249,7 @@ def test_inspect_trial_decodes_with_the_tokenizer_the_trial_recorded(
     from its config record, not the default config's model (which need not exist here)."""
     from flows.cli import main
     from rollflow.configuration.loader import load_config
-    from rollflow.trial_record import write_config_record
+    from rollflow.trial.record import write_config_record
 
     root = tmp_path / "st"
     _write_trial(root, tmp_path / "tok")

@@ -1,5 +1,5 @@
 """The ``rollflow`` command names a trial one way and finds its config and trials from any directory
-(flows/cli.py): ``eval TRIAL`` and ``inspect TRIAL`` (the old ``--trial T`` and ``trial=T`` still work and
+(flows/cli/): ``eval TRIAL`` and ``inspect TRIAL`` (the old ``--trial T`` and ``trial=T`` still work and
 say so), the demo's config as the default, relative paths in a config relative to the project directory
 (``$ROLLFLOW_PROJECT_DIR``, else the current directory), and ``ls``
 over every experiment under the storage root. Storage only: no Prefect starts in these tests.
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import CHECKOUT, DEFAULT_CONFIG, config_path, main
+from flows.cli import main
+from flows.cli.paths import CHECKOUT, DEFAULT_CONFIG, config_path
 from storage.fs import Storage
 
 

@@ -1,4 +1,4 @@
-"""The line Ctrl-C prints (flows/interrupt.py): the trial kept, its resume point, the resume command.
+"""The line Ctrl-C prints (rollflow/trial/kept.py, flows/cli/interrupt.py): the trial kept, its resume point, the resume command.
 
 The real Ctrl-C of a running flow is tests/flows/test_interrupt.py; these check the pieces by hand.
 """
@@ -9,7 +9,8 @@ import logging
 import re
 from pathlib import Path
 
-from flows.interrupt import _NoInterruptOnConsole, kept_line, resume_command, trial_for_command
+from flows.cli.interrupt import _NoInterruptOnConsole
+from rollflow.trial.kept import kept_line, resume_command, trial_for_command
 from storage.fs import Storage
 
 CONFIG = "configs/tiny_cpu.yaml"
@@ -58,7 +59,7 @@ def test_the_printed_resume_command_parses_as_printed(tmp_path: Path, monkeypatc
     """The CLI takes the line's words exactly: the trial, --config, then the dotted overrides after it."""
     import shlex
 
-    import flows.cli as cli
+    import flows.cli.app as cli
 
     monkeypatch.chdir(ROOT)
     seen = {}

@@ -1,4 +1,4 @@
-"""Finalization records (tasks/finalize.py, storage/finalization.py), without servers.
+"""Finalization records (rollflow/trial/finalization.py, storage/finalization.py), without servers.
 
 A trial finalized before finalization records existed (its MLflow run ended FINISHED with a registry
 decision, trainer/DONE.json written, no FINALIZED.json) is recorded on its next resume and reported as
@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from rollflow.configuration.loader import load_config
-from rollflow.trials import trial_state
+from rollflow.trial.choice import trial_state
 from storage.checkpoints import CheckpointStore
 from storage.finalization import read_finalized
 from storage.fs import Storage

@@ -33,7 +33,7 @@ def test_a_resume_keeps_the_trials_settings_and_the_before_score(
 
     from flows.async_rl import async_rl
     from flows.evaluate import evaluate
-    from rollflow.trial_record import ResumeOverrideError
+    from rollflow.api.errors import ResumeOverrideError
     from storage.fs import Storage
 
     monkeypatch.chdir(ROOT)

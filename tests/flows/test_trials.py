@@ -8,13 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rollflow.trials import (
-    NothingToResumeError,
-    TrialExistsError,
-    choose_trial,
-    expand_trial_name,
-    named_in_overrides,
-)
+from rollflow.api.errors import NothingToResumeError, TrialExistsError
+from rollflow.trial.choice import choose_trial
+from rollflow.trial.naming import expand_trial_name, named_in_overrides
 from storage.finalization import mark_finalized
 from storage.fs import Storage
 

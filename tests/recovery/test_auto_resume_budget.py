@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rollflow.api.errors import ConfigError, LoopFailedError, NotResumableError, RewardFunctionError
-from rollflow.auto_resume import AutoResumeBudget, not_resumable_reason, trial_of_flow_run
 from rollflow.rollout.worker_report import check_reward_fn
+from rollflow.trial.auto_resume import AutoResumeBudget, not_resumable_reason, trial_of_flow_run
 from rollflow.workflows.scoring import RewardCounts
 from storage.errors import CheckpointIntegrityError
 from storage.fs import Storage

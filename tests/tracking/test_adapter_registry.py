@@ -84,7 +84,7 @@ def _gate(tmp: Path, base: Path, adapter: Path, experiment: str, *extra: str) ->
 
 def _trial(tmp: Path, base: Path, adapter: Path, experiment: str, *extra: str) -> tuple[Any, Any]:
     """A trial whose version 3 is ``adapter`` (committed): (config, storage)."""
-    from rollflow.configuration.trial_storage import open_trial_storage
+    from rollflow.trial.store import open_trial_storage
     from storage.checkpoints import CheckpointStore
 
     cfg = load_config(

@@ -1,4 +1,4 @@
-"""Evaluation records and what the registry gate compares (``rollflow.eval_scores``, ``rollflow.trial_record``,
+"""Evaluation records and what the registry gate compares (``rollflow.eval_scores``, ``rollflow.trial.evaluations``,
 ``rollflow.tracking.registry``), with numbers worked out by hand.
 
 - a record is keyed by the version it scored; the 'before' record (v0) is never replaced;
@@ -15,14 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from rollflow.eval_scores import BaseSplit, eval_set_digest, score_rewards
+from rollflow.eval_scores import eval_set_digest, score_rewards
 from rollflow.tracking.registry import Incumbent, decide_registration
-from rollflow.trial_record import (
-    eval_record,
-    read_base_split,
-    write_base_split,
-    write_eval_record,
-)
+from rollflow.trial.base_split import BaseSplit, read_base_split, write_base_split
+from rollflow.trial.evaluations import eval_record, write_eval_record
 from storage.fs import Storage
 
 ROWS = [

@@ -37,10 +37,10 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _gate(tmp: Path, base: Path, trial: str, record: dict[str, Any]) -> Any:  # noqa: ANN401
-    from rollflow.configuration.trial_storage import open_trial_storage
     from rollflow.tracking.mlflow_tracker import MlflowTracker
     from rollflow.tracking.registry_gate import apply_registry_gate
-    from rollflow.trial_record import write_eval_record
+    from rollflow.trial.evaluations import write_eval_record
+    from rollflow.trial.store import open_trial_storage
     from storage.checkpoints import CheckpointStore
 
     cfg = load_config(

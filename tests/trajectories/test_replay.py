@@ -10,8 +10,8 @@ import random
 import pytest
 
 from rollflow.configuration.loader import load_config
-from rollflow.configuration.trial_storage import open_trial_storage
-from rollflow.trial_record import write_config_record
+from rollflow.trial.record import write_config_record
+from rollflow.trial.store import open_trial_storage
 from storage import keys
 from storage.schema import TrajectoryGroup, TrajectoryRow
 from storage.shard_writer import ShardWriter

@@ -11,7 +11,7 @@ from trajectory_testlib import small_trial
 
 from flows.cli import main as cli
 from rollflow.configuration.loader import load_config
-from rollflow.configuration.trial_storage import open_trial_storage
+from rollflow.trial.store import open_trial_storage
 
 
 def _overrides(tmp_path: Path) -> list[str]:

@@ -18,8 +18,9 @@ from trajectory_testlib import CharDecoder, small_trial
 from rollflow.api.errors import ViewerInputError
 from rollflow.viewer import html as H
 from rollflow.viewer.browser import find_chromium, render
-from rollflow.viewer.pages import Pages, TrajectoryFilter, static_report
+from rollflow.viewer.pages import Pages, static_report
 from rollflow.viewer.server import ViewerServer
+from rollflow.viewer.trajectory_filter import TrajectoryFilter
 from storage.fs import Storage
 from storage.query import TrajectoryQuery
 

@@ -14,8 +14,8 @@ import torch
 
 from rollflow.api.errors import ConfigError
 from rollflow.configuration.loader import load_config
-from rollflow.configuration.trial_storage import open_trial_storage
-from rollflow.trial_record import write_config_record
+from rollflow.trial.record import write_config_record
+from rollflow.trial.store import open_trial_storage
 from storage import keys
 from storage.fs import Storage
 from storage.schema import TrajectoryGroup, TrajectoryRow

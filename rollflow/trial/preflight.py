@@ -2,8 +2,9 @@
 
 What it is:
 - ``check_trial`` (``run``, ``resume``): the config resolves and the named trial is what the command
-  needs, by the flow's own rule (``rollflow.trials.choose_trial``): ``resume`` needs a trial that holds
-  data, ``run --trial`` (or ``trial=``) one that holds none;
+  needs, by the flow's own rule: it opens the trial as the flow will (``rollflow.trial.opening.open_trial``)
+  without writing: ``resume`` needs a trial that holds data (and overrides its record allows),
+  ``run --trial`` (or ``trial=``) one that holds none;
 - ``check_checkpoint`` (``eval``): the trial holds the committed checkpoint asked for;
 - ``known_trials``: the trials stored under the config's experiment, for the error message.
 Each failure is a ``CommandError`` whose message names what to type instead, e.g.::
@@ -12,43 +13,33 @@ Each failure is a ``CommandError`` whose message names what to type instead, e.g
     demo-20261124-235558-f1e5. `rollflow run` starts a new trial (`--trial NAME` names it)
 
 What it is not: the rule itself (the flows decide again when they run, which is what a deployment run
-relies on) nor a writer: nothing here changes storage.
+relies on) nor a writer: nothing here changes storage. Nothing here imports Prefect: it runs before it.
 """
 
 from __future__ import annotations
 
 from rollflow.api.config import ExperimentConfig
+from rollflow.api.errors import CommandError, NothingToResumeError, TrialExistsError
 from rollflow.configuration.loader import load_config
 from rollflow.configuration.project_dir import runs_hint
-from rollflow.configuration.trial_storage import open_trial_storage
-from storage.fs import Storage
+from rollflow.trial.naming import requested_trial
+from rollflow.trial.opening import open_trial
+from rollflow.trial.store import open_trial_storage
+from storage.trial_list import experiment_uri, trial_names
 
 MAX_LISTED = 10
-
-
-class CommandError(Exception):
-    """A ``rollflow`` command line that cannot work as given; the message says what to type instead."""
-
-
-def _open(cfg: ExperimentConfig, trial: str) -> Storage:
-
-    return open_trial_storage(cfg, trial)
 
 
 def known_trials(cfg: ExperimentConfig) -> list[str]:
     """Trial names under ``{storage.root}/{experiment}/``, sorted; [] when none or the store cannot be listed."""
     try:
-        storage = _open(cfg, cfg.trial)
-        parent = storage.base.rsplit("/", 1)[0]
-        entries = storage.fs.ls(parent, detail=True)
+        return trial_names(cfg.storage.root, cfg.experiment, cfg.storage.options)
     except Exception:  # only a hint for an error message: never the reason a command fails
         return []
-    names = (str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
-    return sorted(n for n in names if not n.startswith("."))
 
 
 def _experiment_uri(cfg: ExperimentConfig) -> str:
-    return _open(cfg, cfg.trial).root_uri.rsplit("/", 1)[0]
+    return experiment_uri(cfg.storage.root, cfg.experiment, cfg.storage.options)
 
 
 def _trials_there(cfg: ExperimentConfig) -> str:
@@ -65,14 +56,12 @@ def check_trial(config: str | None, overrides: list[str], *, trial: str | None, 
 
     ``ConfigError`` (an unknown key, a missing config file) propagates with its own message.
     """
-    from rollflow.trials import NothingToResumeError, TrialExistsError, choose_trial, named_in_overrides
-
     cfg = load_config(config, overrides)
-    named = trial if trial is not None else (cfg.trial if named_in_overrides(overrides) else None)
+    named = requested_trial(cfg, overrides, trial)
     if named is None:
         return  # a new trial: nothing can be in its way
     try:
-        choose_trial(cfg.trial, named=named, resume=resume, open_storage=lambda t: _open(cfg, t))
+        open_trial(cfg, trial, resume=resume, overrides=overrides, write=False)
     except NothingToResumeError:
         raise CommandError(
             f"trial {named!r} holds no data under {_experiment_uri(cfg)}{runs_hint(cfg.storage.root)}; "
@@ -90,7 +79,7 @@ def check_checkpoint(config: str | None, overrides: list[str], *, trial: str, ve
     from storage.checkpoints import CheckpointStore
 
     cfg = load_config(config, [*overrides, f"trial={trial}"])
-    committed = CheckpointStore(_open(cfg, cfg.trial)).list_committed()
+    committed = CheckpointStore(open_trial_storage(cfg)).list_committed()
     if not committed:
         raise CommandError(
             f"trial {trial!r} has no committed checkpoint under {_experiment_uri(cfg)}"

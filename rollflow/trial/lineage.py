@@ -1,10 +1,11 @@
 """Lineage tags for an MLflow run and its registered model version: where the run came from.
 
-What it is: ``run_lineage(cfg, source_version)`` returns the tags a run starts with: the Prefect flow
-run (id, UI link, deployment), the git commit of the project, the data window the run drew from,
+What it is: ``run_lineage(cfg, source_version, flow_tags)`` returns the tags a run starts with: the
+orchestrator's (``flow_tags``: the Prefect flow run's id, UI link and deployment), the git commit of the project, the data window the run drew from,
 and, for a retrain, the registered version it started from. ``run_lineage_tags(tracker)`` reads them
 back from the run, to copy onto the model version it registers.
-What it is not: tracking itself (rollflow/tracking) or anything that changes the run.
+What it is not: tracking itself (rollflow/tracking), Prefect (the flow passes its run's tags) or anything
+that changes the run.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollflow.api.config import ExperimentConfig
-from tasks.runtime import flow_run_lineage
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 LINEAGE_PREFIXES = ("prefect.", "rollflow.source_", "rollflow.data_window", GIT_COMMIT_TAG)
@@ -47,9 +47,11 @@ def data_window(cfg: ExperimentConfig) -> str:
     return f"{d.kind}:{d.path} train={d.train_split} eval={d.eval_split} max_rows={limit}"
 
 
-def run_lineage(cfg: ExperimentConfig, source_version: str | None) -> dict[str, str]:
+def run_lineage(
+    cfg: ExperimentConfig, source_version: str | None, flow_tags: dict[str, str]
+) -> dict[str, str]:
     tags = {"rollflow.mode": cfg.orchestration.mode, "rollflow.data_window": data_window(cfg)}
-    tags.update(flow_run_lineage())
+    tags.update(flow_tags)
     commit = git_commit()
     if commit:
         tags[GIT_COMMIT_TAG] = commit

@@ -1,46 +1,35 @@
-"""What a command-line run (``rollflow run/resume``, ``python -m flows.async_rl``) says when Ctrl-C stops it.
+"""What a stopped trial kept, and the line that says so: the trial, its resume point, the command to resume.
 
 What it is:
 - ``trial_for_command``: the trial a command will run, named before the flow starts (a fresh
   ``{config trial}-{date}-{time}-{hex}`` when none is named), so that the line below can name it;
-- ``quiet_interrupt_logs``: while a run is stopped by Ctrl-C, Prefect logs the ``KeyboardInterrupt`` it
-  re-raises ("Engine execution interrupted by base exception", with the traceback) and its crash lines;
-  this keeps them off the console (they still reach the Prefect API), so the user reads one line;
-- ``kept_line``: that one line, e.g.::
+- ``kept_line``: the line ``rollflow run/resume`` prints after Ctrl-C, e.g.::
 
     rollflow: stopped by Ctrl-C; kept trial demo-20261125-004512-3f2a (resume point at version 6;
     checkpoints up to v7). Resume it with: rollflow resume demo-20261125-004512-3f2a --config configs/tiny_cpu.yaml
 
   and ``rlrun_kept_line``, what ``RLRun.train()`` prints before it re-raises the ``KeyboardInterrupt``:
   the command that resumes the trial from the project directory, and the Python call.
-
-The exit status is ``INTERRUPTED_STATUS`` (130 = 128 + SIGINT, the shell's convention).
-What it is not: the stop itself: the flow stops its loops, the trainer writes its resume point and
-the servers go (flows/async_rl.py); nothing here touches storage except to read what was kept.
+What it is not: the stop itself, nor the console (``flows/cli/interrupt.py`` keeps Prefect's lines off it);
+it only reads storage.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import shlex
-from collections.abc import Iterator
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.configuration.trial_storage import open_trial_storage
-
-INTERRUPTED_STATUS = 130
+from rollflow.trial.store import open_trial_storage
 
 
 def trial_for_command(config: str | None, overrides: list[str], trial: str | None) -> str:
     """The trial this command runs: ``trial``, else a ``trial=`` override, else a fresh name."""
     from rollflow.configuration.loader import load_config
-    from rollflow.trials import expand_trial_name, fresh_trial_name, named_in_overrides
+    from rollflow.trial.naming import expand_trial_name, trial_to_run
 
     if trial is not None:
         return expand_trial_name(trial)
-    cfg = load_config(config, overrides)
-    return expand_trial_name(cfg.trial) if named_in_overrides(overrides) else fresh_trial_name(cfg.trial)
+    return trial_to_run(load_config(config, overrides), overrides, None)[0]
 
 
 def resume_command(trial: str, config: str | None, overrides: list[str]) -> str:
@@ -96,30 +85,3 @@ def rlrun_kept_line(cfg: ExperimentConfig, trial: str) -> str:
         f"Resume it with: {command} (in {project_dir()}), or in Python: "
         f"RLRun(..., trial={trial!r}).train(resume=True)"
     )
-
-
-class _NoInterruptOnConsole(logging.Filter):
-    """Drop console records about a ``KeyboardInterrupt`` (its traceback and Prefect's crash lines)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, KeyboardInterrupt) and "KeyboardInterrupt" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def quiet_interrupt_logs() -> Iterator[None]:
-    """Keep Ctrl-C's tracebacks and crash lines off the console handlers while the block runs."""
-    quiet = _NoInterruptOnConsole()
-    handlers = {
-        h
-        for name in ("", "prefect")
-        for h in logging.getLogger(name).handlers
-        if isinstance(h, logging.StreamHandler)
-    }
-    for h in handlers:
-        h.addFilter(quiet)
-    try:
-        yield
-    finally:
-        for h in handlers:
-            h.removeFilter(quiet)

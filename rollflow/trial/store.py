@@ -3,7 +3,7 @@
 What it is: ``Storage.open(cfg.storage.root, cfg.experiment, trial, cfg.storage.options)`` under one typed
 name, so that the layout ``{root}/{experiment}/{trial}/`` and the storage options are spelled once. What it
 is not: the storage layer (``storage/fs.py`` opens and checks roots) nor trial selection
-(``rollflow/trials.py`` decides which trial a run continues).
+(``rollflow/trial/choice.py`` decides which trial a run continues).
 """
 
 from __future__ import annotations

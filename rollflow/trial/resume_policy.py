@@ -1,60 +1,50 @@
-"""What a trial remembers about itself: its resolved config, the overrides given on each resume, and the
-split of its held-out problems by what the starting policy solved.
+"""How a trial resumes: the config a resume runs with, what it may change, and how it is recorded.
 
 What it is:
 
-* ``record/config.json`` (``CONFIG_KEY``): written when a trial starts, as JSON (no pickle) with every
-  credential masked (``redacted_dict``)::
-
-      {"config": {...the resolved config...}, "created_at": t, "resumes": [{"at": t, "overrides": [...]}]}
-
 * ``resume_config(record, fresh, overrides, trained_version)``: the config a resume runs with. It is the
-  recorded config, not the YAML read again: a trial started with ``train.steps=200`` resumes with 200
-  whatever the YAML says now. On top of it:
+  recorded config (``rollflow.trial.record``), not the YAML read again: a trial started with
+  ``train.steps=200`` resumes with 200 whatever the YAML says now. On top of it:
   - credentials come from the present config (the environment, the YAML), never from the record;
   - the resume's own ``overrides`` (dotted, explicit) apply (one that repeats the recorded value, e.g.
     ``storage.root`` to find the trial, is not a change), except where they would make the record
     false: a key that defines the data, the model or where the trial lives (``RECORD_KEYS``:
     ``experiment``, ``seed``, ``model.*``, ``dataset.*``, ``eval.split``, ``eval.n_prompts``,
-    ``eval.correct_reward``, ``storage.root``, ``train.lora.*``, ``train.warm_start_from.*``), or a ``train.steps`` below the version
-    already trained. Those raise ``ResumeOverrideError`` (a ``ConfigError``) saying what to do instead;
+    ``eval.correct_reward``, ``storage.root``, ``train.lora.*``, ``train.warm_start_from.*``), or a
+    ``train.steps`` below the version already trained. Those raise ``ResumeOverrideError`` (a
+    ``ConfigError``) saying what to do instead;
   - keys where the present YAML differs from the record without an override are reported
     (``ResumedConfig.ignored``) so the flow can say that the record won.
-  ``record_resume`` then writes the new config and appends the overrides to ``resumes``.
-* ``eval/v{N}.json``: the evaluation of checkpoint version N (``write_eval_record``). Keyed by the version
-  scored; v0 is the 'before' score and is create-only: nothing replaces it. Another version's record is
-  replaced by a new evaluation of it.
-* ``record/base-split.json`` (``BASE_SPLIT_KEY``): the ``BaseSplit`` the 'before' evaluation decided,
-  written once (create-only); a resume reads it back, so the split never moves.
+* ``settle_config``: the same for a trial in any state (new, unfinished, trained, finished), recording
+  the result (``record_resume``) unless asked only to look (``write=False``: the command line's check).
+* ``recorded_config``: the trial's recorded config with a reader's own overrides on top (what an evaluation
+  or ``rollflow query/view/replay`` of the trial uses: its data, model and evaluation set);
+* ``resume_tags`` / ``pinned_overrides``: the resume's overrides as MLflow tags, and the overrides that
+  make a child process (distributed mode) resolve the same config.
 
-What it is not: trial selection (``rollflow.trials``), MLflow (the flow tags the run with the resume's
-overrides), or the evaluation (``rollflow.evaluation``). Nothing here imports Prefect.
+What it is not: the record's file (``rollflow.trial.record``), trial selection (``rollflow.trial.choice``)
+or MLflow (the flow tags the run). Nothing here imports Prefect.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rollflow.api.config import ExperimentConfig
-from rollflow.api.errors import ConfigError, CorruptRecordError
+from rollflow.api.errors import ResumeOverrideError
 from rollflow.configuration.loader import flatten, load_config, parse_override, redacted_dict, to_dict
 from rollflow.configuration.redact import REDACTED
-from rollflow.eval_scores import BaseSplit
-from storage import keys
-from storage.errors import CommitConflictError
+from rollflow.trial.record import read_config_record, record_resume, resume_overrides, write_config_record
+from rollflow.trial.store import open_trial_storage
 from storage.fs import Storage
 
 log = logging.getLogger(__name__)
 
-CONFIG_KEY = "record/config.json"
-BASE_SPLIT_KEY = "record/base-split.json"
 # keys whose change on a resume would make the trial's record false: its data, its model, its eval set
 RECORD_KEYS = (
     "experiment",
@@ -70,47 +60,12 @@ RECORD_KEYS = (
 )
 
 
-class ResumeOverrideError(ConfigError):
-    """An override given on resume would contradict what the trial already recorded."""
-
-
 @dataclass(frozen=True)
 class ResumedConfig:
     cfg: ExperimentConfig
     overrides: list[str]  # the resume's explicit overrides that change the record, as given
     ignored: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # key -> (recorded, present config)
     history: list[str] = field(default_factory=list)  # every resume's overrides so far, oldest first
-
-
-def read_config_record(storage: Storage) -> dict[str, Any] | None:
-    """The trial's config record, or None (a trial made before records existed, or a new one)."""
-    try:
-        doc = storage.get_json(CONFIG_KEY)
-    except FileNotFoundError:
-        return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("config"), dict) else None
-
-
-def write_config_record(storage: Storage, cfg: ExperimentConfig) -> None:
-    """Record the config a trial starts with (credentials masked), once; a second call keeps the first."""
-    doc = {"config": redacted_dict(cfg), "created_at": time.time(), "resumes": []}
-    with contextlib.suppress(CommitConflictError):
-        storage.put_json(CONFIG_KEY, doc, exclusive=True)
-
-
-def record_resume(storage: Storage, record: dict[str, Any], resumed: ResumedConfig) -> None:
-    """Store the resumed config as the trial's and append this resume's overrides to its history."""
-    doc = {
-        **record,
-        "config": redacted_dict(resumed.cfg),
-        "resumes": [*record.get("resumes", []), {"at": time.time(), "overrides": list(resumed.overrides)}],
-    }
-    storage.put_json(CONFIG_KEY, doc)
-
-
-def resume_overrides(overrides: Sequence[str]) -> list[str]:
-    """The overrides a resume gives on purpose: all but ``trial=`` (which names the trial to resume)."""
-    return [o for o in overrides if o.split("=", 1)[0].strip() != "trial"]
 
 
 def _has_secret(value: Any) -> bool:
@@ -197,12 +152,14 @@ def settle_config(
     state: str,
     overrides: Sequence[str],
     warn: Callable[[str], None] | None = None,
+    write: bool = True,
 ) -> ResumedConfig:
-    """The config a run of a trial in ``state`` (``rollflow.trials.TrialState``) runs with: a new trial's
+    """The config a run of a trial in ``state`` (``rollflow.trial.choice.TrialState``) runs with: a new trial's
     ``cfg``, recorded now; an unfinished or trained one's record with the resume's ``overrides`` on top
     (recorded again with them); a finished one's record as it is (its resume only reports it: nothing is
     recorded). A trial that has no record (made before records existed) keeps ``cfg`` and records it, so
-    its next resume has one (a finished one is left as it is).
+    its next resume has one (a finished one is left as it is). ``write=False`` decides the same and
+    raises the same errors, but records and says nothing (the command line's check before the flow).
 
     Raises:
         ResumeOverrideError: see ``resume_config``; also a longer ``train.steps`` for a trained trial, and
@@ -212,7 +169,7 @@ def settle_config(
 
     record = read_config_record(storage) if state != "new" else None
     if record is None:
-        if state != "finished":
+        if state != "finished" and write:
             write_config_record(storage, cfg)
         return ResumedConfig(cfg, resume_overrides(overrides) if state != "new" else [])
     trained = CheckpointStore(storage).latest_version() or 0
@@ -233,7 +190,9 @@ def settle_config(
             "this trial finished training (trainer/DONE.json); a resume only finalizes it. Start a new trial "
             "(retrain_from_registry, or model.path at its checkpoint) to train further",
         )
-    record_resume(storage, record, resumed)
+    if not write:
+        return resumed
+    record_resume(storage, record, resumed.cfg, resumed.overrides)
     history = [o for r in record.get("resumes", []) for o in r.get("overrides", [])] + resumed.overrides
     say = warn or log.warning
     if resumed.ignored:
@@ -247,6 +206,16 @@ def settle_config(
     return ResumedConfig(resumed.cfg, resumed.overrides, resumed.ignored, history)
 
 
+def recorded_config(cfg: ExperimentConfig, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """The recorded config of ``cfg``'s trial with ``overrides`` on top; ``cfg`` for a trial without a record."""
+    record = read_config_record(open_trial_storage(cfg))
+    if record is None:
+        return cfg
+    recorded = resume_config(record, cfg, [], trained_version=0).cfg
+    given = resume_overrides(overrides)
+    return load_config(data=to_dict(recorded), overrides=given) if given else recorded
+
+
 def resume_tags(resumed: ResumedConfig) -> dict[str, str]:
     """MLflow run tags: every override given on a resume of this trial, oldest first (MLflow params are
     immutable, so a changed ``train.steps`` shows here, not in the params)."""
@@ -257,52 +226,3 @@ def pinned_overrides(resumed: ResumedConfig) -> list[str]:
     """Dotted overrides that make a config resolved from the YAML equal the recorded one (for processes
     that resolve it again, e.g. distributed mode's children): the recorded value of every ignored key."""
     return [f"{k}={json.dumps(recorded)}" for k, (recorded, _) in resumed.ignored.items()]
-
-
-def write_eval_record(storage: Storage, doc: dict[str, Any]) -> bool:
-    """Store an evaluation record under ``eval/v{doc['version']}.json``; False when it is a v0 record and
-    one is there already (kept: the 'before' score is never overwritten)."""
-    version = int(doc["version"])
-    try:
-        storage.put_json(keys.eval_key(version), doc, exclusive=version == 0)
-    except CommitConflictError:
-        return False
-    return True
-
-
-def eval_record(storage: Storage, version: int) -> dict[str, Any] | None:
-    """The evaluation record of ``version``, or None."""
-    try:
-        doc = storage.get_json(keys.eval_key(version))
-    except (FileNotFoundError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def read_base_split(storage: Storage) -> BaseSplit | None:
-    """The trial's base split, or None before its 'before' evaluation.
-
-    Raises:
-        CorruptRecordError: the file exists but is not a base split. It is left as it is: a new split
-            written over it would move the split the trial's retention figures were measured on.
-    """
-    try:
-        return BaseSplit.from_json(storage.get_json(BASE_SPLIT_KEY))
-    except FileNotFoundError:
-        return None
-    except (KeyError, TypeError, ValueError) as e:  # not JSON, or JSON that is no base split
-        raise CorruptRecordError(
-            f"{storage.root_uri}/{BASE_SPLIT_KEY} cannot be read ({type(e).__name__}: {e}); it was left "
-            "untouched. Restore it from a backup or your bucket's versioning; deleting it lets the next "
-            "evaluation decide a new split, and the retention figures before and after would then not compare"
-        ) from None
-
-
-def write_base_split(storage: Storage, split: BaseSplit) -> BaseSplit:
-    """Store ``split`` unless one is stored already; returns the one the trial keeps."""
-    try:
-        storage.put_json(BASE_SPLIT_KEY, split.to_json(), exclusive=True)
-    except CommitConflictError:
-        kept = read_base_split(storage)
-        return kept if kept is not None else split
-    return split

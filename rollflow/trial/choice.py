@@ -8,32 +8,24 @@ What it is: ``choose_trial`` turns the flow's parameters into a trial name and a
 - ``resume=True`` on a trial that finished (its finalization record ``FINALIZED.json`` exists) is a
   no-op that reports: it trains nothing, registers nothing and logs nothing. On a trial that is
   ``trained`` (the trainer wrote DONE.json, the finalization record is missing: stopped in between) it
-  runs the missing finalization steps (``tasks.finalize``). On an unfinished trial it continues it.
-What it is not: the resume mechanics (the trainer and rollout restore their own state from storage),
-the settings a resume runs with (the trial's recorded config: ``rollflow.trial_record``), or Prefect: the flows (``flows/async_rl.py``, ``flows/preflight.py``) call it.
+  runs the missing finalization steps (``rollflow.trial.finalization``). On an unfinished trial it
+  continues it.
+What it is not: the names themselves (``rollflow.trial.naming``), the resume mechanics (the trainer and
+rollout restore their own state from storage), the settings a resume runs with (the trial's recorded
+config: ``rollflow.trial.resume_policy``), or Prefect: ``rollflow.trial.opening`` calls it.
 """
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rollflow.api.errors import ConfigError
+from rollflow.api.errors import NothingToResumeError, TrialExistsError
+from rollflow.trial.naming import expand_trial_name, fresh_trial_name
 from storage.checkpoints import CheckpointStore
 from storage.finalization import read_finalized
 from storage.fs import Storage
-
-
-class TrialExistsError(ConfigError):
-    """A run named a trial that already holds data without asking to resume it."""
-
-
-class NothingToResumeError(ConfigError):
-    """``resume=True`` named a trial that holds no data."""
-
 
 TrialState = Literal["new", "unfinished", "trained", "finished"]
 
@@ -44,20 +36,6 @@ class TrialPlan:
     state: TrialState
     resume: bool
     done: dict[str, Any] | None = None  # the trainer's DONE.json for a trained or finished trial
-
-
-def expand_trial_name(name: str, now: float | None = None) -> str:
-    """Replace ``{date}`` with today's date (UTC, YYYYmmdd) and ``{time}`` with HHMMSS."""
-    t = time.gmtime(now)
-    return name.replace("{date}", time.strftime("%Y%m%d", t)).replace("{time}", time.strftime("%H%M%S", t))
-
-
-def fresh_trial_name(base: str, now: float | None = None) -> str:
-    return f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{secrets.token_hex(2)}"
-
-
-def named_in_overrides(overrides: list[str]) -> bool:
-    return any(o.split("=", 1)[0].strip() == "trial" for o in overrides)
 
 
 def trial_state(storage: Storage) -> tuple[TrialState, dict[str, Any] | None]:
