@@ -32,13 +32,10 @@ its ``seed`` is honoured; the template's end-of-turn token is a stop token of ch
 Tokenizing and rendering the chat template run off the event loop, on a small pool of tokenizer
 threads (``TOKENIZE_THREADS``; a fast tokenizer encodes concurrently as long as nobody changes its
 truncation or padding, and the endpoint never does), so a long message delays only its own call, never
-the other episodes served on the same loop. A body is read only up to the episode's byte limit,
-``max_body_bytes_per_token * max_episode_tokens + BODY_SLACK_BYTES`` (a prompt longer than that could
-not fit the token budget anyway): a larger one gets 413 ``request_too_large`` before anything is parsed
-or tokenized. The refusal comes as soon as the length is known: a declared ``Content-Length`` past the
-limit is refused before a byte of the body is read, a chunked body once the bytes read pass it, and a
-call that asks ``Expect: 100-continue`` gets the 413 (or its 401/410) instead of ``100 Continue``, so the
-agent is never invited to upload a body that will be refused.
+the other episodes served on the same loop. A body past the episode's byte limit gets 413
+``request_too_large`` as soon as its length is known, before anything is parsed or tokenized
+(``rollflow.agents.request_body``); a call that asks ``Expect: 100-continue`` gets the 413 (or its
+401/410) instead of ``100 Continue``. Which episode a key opens: ``rollflow.agents.episode_keys``.
 
 Errors, in OpenAI's envelope: 400 for a request the endpoint cannot serve (``AgentRequestError``) or one
 that breaks an episode limit (``EpisodeLimitError``: ``max_turns_exceeded``, ``token_budget_exceeded``,
@@ -53,9 +50,7 @@ episode logic beyond recording (``rollflow.workflows.agent``).
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
-import json
 import logging
 import secrets
 import time
@@ -70,6 +65,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler  # the "100 Contin
 
 from rollflow.agents.chat_prompt import ChatPrompter
 from rollflow.agents.counts import AgentCounts
+from rollflow.agents.episode_keys import EndpointHTTPError, EpisodeKeys, episode_over
 from rollflow.agents.openai_protocol import (
     ChatRequest,
     CommonParams,
@@ -84,6 +80,7 @@ from rollflow.agents.openai_protocol import (
     sse,
 )
 from rollflow.agents.recorder import CallRecord, EpisodeLimits, EpisodeRecorder
+from rollflow.agents.request_body import body_limit, read_json, too_large
 from rollflow.agents.tool_calls import ParsedReply, ToolFormat, parse_tool_calls
 from rollflow.api.errors import AgentRequestError, EpisodeLimitError, InferenceError, InvalidRequestError
 from rollflow.api.inference import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
@@ -97,29 +94,12 @@ http_logger = logging.getLogger(f"{__name__}.http")
 http_logger.addFilter(OncePerClientFilter())
 
 TOKENIZE_THREADS = 4  # calls tokenized at once, off the event loop
-BODY_SLACK_BYTES = 64 * 1024  # room for the request's fields beyond the messages (tools, sampling, ...)
 
 _LIMIT_CODES = {
     "max_turns": "max_turns_exceeded",
     "token_budget": "token_budget_exceeded",
     "stale": "episode_stale",
 }
-
-
-class _HTTPError(Exception):
-    def __init__(
-        self, status: int, message: str, *, type_: str, code: str | None = None, param: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status, self.type_, self.code, self.param = status, type_, code, param
-
-
-def _unauthorized(message: str) -> _HTTPError:
-    return _HTTPError(401, message, type_="authentication_error", code="invalid_api_key")
-
-
-def _episode_over(message: str = "this episode is over") -> _HTTPError:
-    return _HTTPError(410, message, type_="invalid_request_error", code="episode_closed")
 
 
 @dataclass
@@ -158,10 +138,8 @@ class AgentEndpoint:
         self.host, self.port = host, port
         self.model_name = model_name
         self.counts = counts or AgentCounts()
-        self._by_key: dict[str, EpisodeHandle] = {}
-        # key -> (episode id, why it ended), the newest max_closed_keys: their calls get 410 (or 401 elsewhere)
-        self._closed_keys: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
-        self._max_closed_keys = max_closed_keys
+        self._keys: EpisodeKeys[EpisodeHandle] = EpisodeKeys(max_closed_keys)
+        self._by_key = self._keys.open  # the open episodes by key
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock: asyncio.Lock | None = None
@@ -231,8 +209,7 @@ class AgentEndpoint:
 
     def body_limit(self, handle: EpisodeHandle) -> int:
         """The largest request body (bytes) this episode's calls may send (module docstring)."""
-        budget = handle.recorder.limits.max_episode_tokens
-        return self.max_body_bytes_per_token * budget + BODY_SLACK_BYTES
+        return body_limit(self.max_body_bytes_per_token, handle.recorder.limits.max_episode_tokens)
 
     # --- episodes --------------------------------------------------------------------------------------
 
@@ -247,16 +224,13 @@ class AgentEndpoint:
             client=client,
             recorder=EpisodeRecorder(episode_id, limits or EpisodeLimits()),
         )
-        self._by_key[key] = handle
+        self._keys.add(handle)
         return handle
 
     def close_episode(self, handle: EpisodeHandle, *, reason: str = "the episode ended") -> None:
         """Unregister the episode and cancel its calls still in flight (their rids are aborted)."""
         handle.closed = True
-        self._by_key.pop(handle.api_key, None)
-        self._closed_keys[handle.api_key] = (handle.episode_id, reason)
-        while len(self._closed_keys) > self._max_closed_keys:
-            self._closed_keys.popitem(last=False)
+        self._keys.close(handle, reason)
         for task in list(handle.in_flight):
             task.cancel()
 
@@ -267,38 +241,26 @@ class AgentEndpoint:
         the key of this episode once it has ended."""
         auth = request.headers.get("Authorization", "")
         key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        handle = self._by_key.get(key) if key else None
         wanted = request.match_info.get("episode")
-        owner = handle.episode_id if handle is not None else self._closed_keys.get(key, (None, ""))[0]
-        if owner is not None and wanted is not None and wanted != owner:
-            self.counts.calls_refused_foreign_key += 1
-            self._refusals.refused(_client(request), f"episode {owner}'s key used on episode {wanted} (401)")
-            raise _unauthorized(
-                "this api key belongs to another episode: use the api_key given with this base_url"
-            )
-        if handle is not None:
-            return handle
-        if owner is not None:
-            self.counts.calls_after_close += 1
-            raise _episode_over(
-                f"this episode is over ({self._closed_keys[key][1]}); its api key no longer works"
-            )
-        self.counts.calls_refused_unknown_key += 1
-        self._refusals.refused(_client(request), f"a call with an unknown api key on {request.path} (401)")
-        what = "no api key (send Authorization: Bearer <api_key>)" if not key else "unknown api key"
-        raise _unauthorized(f"{what}: use the api_key rollflow gave the agent with this base_url")
+        try:
+            return self._keys.resolve(key, wanted)
+        except EndpointHTTPError as e:
+            if e.kind == "foreign":
+                self.counts.calls_refused_foreign_key += 1
+                owner = self._keys.owner(key)
+                self._refusals.refused(
+                    _client(request), f"episode {owner}'s key used on episode {wanted} (401)"
+                )
+            elif e.kind == "closed":
+                self.counts.calls_after_close += 1
+            else:
+                self.counts.calls_refused_unknown_key += 1
+                self._refusals.refused(
+                    _client(request), f"a call with an unknown api key on {request.path} (401)"
+                )
+            raise
 
-    def _too_large(self, limit: int) -> _HTTPError:
-        return _HTTPError(
-            413,
-            f"the request body is larger than this episode's limit of {limit} bytes "
-            f"({self.max_body_bytes_per_token} bytes per token of its max_episode_tokens budget): a prompt "
-            "that long could not fit the budget; send shorter messages",
-            type_="invalid_request_error",
-            code="request_too_large",
-        )
-
-    def _error_response(self, request: web.Request, e: _HTTPError) -> web.Response:
+    def _error_response(self, request: web.Request, e: EndpointHTTPError) -> web.Response:
         if e.status in (400, 413):
             self._refusals.refused(_client(request), f"{e.status} {e.code}: {e}")
         return web.json_response(
@@ -311,40 +273,23 @@ class AgentEndpoint:
         try:
             limit = self.body_limit(self._authenticate(request))
             if request.content_length is not None and request.content_length > limit:
-                raise self._too_large(limit)
-        except _HTTPError as e:
+                raise too_large(limit, self.max_body_bytes_per_token)
+        except EndpointHTTPError as e:
             return self._error_response(request, e)
         await _default_expect_handler(request)
         return None
 
-    async def _json(self, request: web.Request, limit: int) -> Any:
-        """The body as JSON, read only up to ``limit`` bytes (413 past it, before any parsing)."""
-        too_large = self._too_large(limit)
-        if request.content_length is not None and request.content_length > limit:
-            raise too_large
-        chunks, n = [], 0
-        while chunk := await request.content.read(65536):
-            n += len(chunk)
-            if n > limit:
-                raise too_large
-            chunks.append(chunk)
-        raw = b"".join(chunks)
-        try:
-            return json.loads(raw) if len(raw) < 65536 else await self._off_loop(json.loads, raw)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-            raise AgentRequestError(
-                f"the body is not JSON: {type(exc).__name__}", code="invalid_json"
-            ) from None
-
     async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
         try:
             handle = self._authenticate(request)
-            body = await self._json(request, self.body_limit(handle))
+            limit = self.body_limit(handle)
+            refusal = too_large(limit, self.max_body_bytes_per_token)
+            body = await read_json(request, limit, refusal, self._off_loop)
             if kind == "chat":
                 reply, stream = await self._achat(handle, parse_chat_request(body))
             else:
                 reply, stream = await self._acompletion(handle, parse_completion_request(body))
-        except _HTTPError as e:
+        except EndpointHTTPError as e:
             return self._error_response(request, e)
         except AgentRequestError as e:
             self.counts.calls_invalid += 1
@@ -373,7 +318,7 @@ class AgentEndpoint:
     async def _models(self, request: web.Request) -> web.Response:
         try:
             self._authenticate(request)
-        except _HTTPError as e:
+        except EndpointHTTPError as e:
             return self._error_response(request, e)
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "rollflow"}
         return web.json_response({"object": "list", "data": [model]})
@@ -462,17 +407,17 @@ class AgentEndpoint:
     async def _agenerate(
         self, handle: EpisodeHandle, req: CommonParams, ids: list[int], kind: str, *, extra_stops: list[int]
     ) -> tuple[CallRecord, GenerateResult]:
-        """Admit, send and wait for one call; raises ``_HTTPError`` for every refusal."""
+        """Admit, send and wait for one call; raises ``EndpointHTTPError`` for every refusal."""
         rec = handle.recorder
         if handle.closed:
             self.counts.calls_after_close += 1
-            raise _episode_over()
+            raise episode_over()
         requested = req.max_tokens if req.max_tokens is not None else self.sampling.max_new_tokens
         try:
             max_new = rec.admit(ids, requested, version=int(handle.client.get_version()))
         except EpisodeLimitError as exc:
             logger.info("agent episode %s dropped: %s", handle.episode_id, exc)
-            raise _HTTPError(
+            raise EndpointHTTPError(
                 400, str(exc), type_="invalid_request_error", code=_LIMIT_CODES.get(exc.reason, exc.reason)
             ) from None
         stops = list(dict.fromkeys([*self.sampling.stop_token_ids, *req.stop_token_ids, *extra_stops]))
@@ -500,11 +445,11 @@ class AgentEndpoint:
             handle.in_flight.discard(task)
         if task.cancelled() or handle.closed:
             self.counts.calls_after_close += 1
-            raise _episode_over()
+            raise episode_over()
         exc = task.exception()
         if isinstance(exc, InvalidRequestError):
             self.counts.calls_invalid += 1
-            raise _HTTPError(
+            raise EndpointHTTPError(
                 400,
                 f"the engine refused the call: {exc}",
                 type_="invalid_request_error",
@@ -514,12 +459,12 @@ class AgentEndpoint:
             self.counts.calls_engine_error += 1
             logger.warning("agent episode %s: inference failed: %s", handle.episode_id, exc)
             kind_ = "inference error" if isinstance(exc, InferenceError) else type(exc).__name__
-            raise _HTTPError(503, f"{kind_}: {exc}", type_="server_error", code="engine_error")
+            raise EndpointHTTPError(503, f"{kind_}: {exc}", type_="server_error", code="engine_error")
         res = task.result()
         if res.finish_reason == "abort":  # the client gave up (shutting down): nothing to train on
             rec.drop("aborted", f"call {index} was aborted by the inference client")
             self.counts.calls_engine_error += 1
-            raise _HTTPError(
+            raise EndpointHTTPError(
                 503, "the inference client is shutting down", type_="server_error", code="engine_aborted"
             )
         call = CallRecord(
