@@ -307,3 +307,47 @@ def test_the_floor_check_names_units() -> None:
         ("b", "a"): "rollflow.b -> rollflow.a.y",
     }
     assert rollflow_unit("rollflow") is None and rollflow_unit("flows.cli") is None
+
+
+# --- sizes: a module holds one concept, a Prefect body tells a story -----------------------------------------
+
+MAX_MODULE_LINES = 500
+MAX_PREFECT_BODY_LINES = 40
+
+
+def test_no_module_is_over_500_lines() -> None:
+    long = [
+        f"{p.relative_to(ROOT).as_posix()}: {n}"
+        for pkg in ("rollflow", "storage", "flows", "tasks")
+        for p in sorted((ROOT / pkg).rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert long == []  # it holds two concepts: split it
+
+
+def _prefect_bodies(package: str) -> list[tuple[str, int]]:
+    """(path:function, body lines without its docstring) of every @flow / @task function in ``package``."""
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            names = {
+                (d.func if isinstance(d, ast.Call) else d).id
+                for d in node.decorator_list
+                if isinstance(d.func if isinstance(d, ast.Call) else d, ast.Name)
+            }
+            if not names & {"flow", "task"}:
+                continue
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            n = (body[-1].end_lineno or body[-1].lineno) - body[0].lineno + 1 if body else 0
+            found.append((f"{path.relative_to(ROOT).as_posix()}:{node.name}", n))
+    return found
+
+
+def test_flow_and_task_bodies_read_at_a_glance() -> None:
+    bodies = _prefect_bodies("flows") + _prefect_bodies("tasks")
+    assert len(bodies) >= 10  # the finder sees them
+    assert [
+        f"{name}: {n}" for name, n in bodies if n > MAX_PREFECT_BODY_LINES
+    ] == []  # move the work to rollflow/
