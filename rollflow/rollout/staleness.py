@@ -12,7 +12,7 @@ groups per step, ``S`` = ``rollout.max_staleness``, ``v`` = the trainer version 
 
 Who applies which: the executor starts an episode only while ``capacity(v) > 0`` (``try_submit``) and
 rejects a finished group when ``is_stale(head, min_trainable_version(expected_consumer(v)))``
-(``acceptance_bound``); the prompt source claims a block of prompts only if ``claim_fits``; a graceful
+(``acceptance_bound``); the prompt source hands out a prompt only if ``claim_fits``; a graceful
 stop's saved partial episodes are judged by the same acceptance bound; the trainer at version ``v``
 drops groups with ``is_stale(head, min_trainable_version(v))``. Change the rule here and nowhere else.
 
@@ -24,10 +24,12 @@ term is this process's accepted groups not yet visible in storage (buffered, or 
 snapshot), less those the shard writer evicted as invalid. With one writer and no credits ``live`` is
 just ``accepted``. Other workers' running episodes are not seen here: with many workers the exact global
 rule is the claim gate (``claim_fits``, applied by ``rollflow.rollout.prompt_source``): claims are dense,
-so after block ``b`` of ``K`` prompts exactly ``reserved = (b + 1) * K`` prompts were ever handed out to
-all workers together, and each is now unstarted, running, buffered, committed or ``released`` (rejected,
-failed, evicted: every worker publishes its count). ``released`` and ``credited`` are read from storage
-and can only lag (undercount), which errs on the safe side.
+so a prompt at global position ``p`` starts only if ``claim_fits(p + 1)``: every prompt ever started, by
+any worker, is among the ``reserved = P + 1`` positions up to the highest one started (``P``), and each is
+now unstarted, running, buffered, committed or ``released`` (rejected, failed, evicted: every worker
+publishes its count). ``released`` and ``credited`` are read from storage and can only lag (undercount),
+which errs on the safe side. Blocks of ``K`` prompts are claimed in storage, but the gate counts prompts:
+a block is claimed once its first prompt fits, so room for fewer than ``K`` groups is still used.
 
 Why the capacity bounds staleness: the trainer at version ``v`` has consumed ``v * B`` groups and
 consumes oldest first, so a group that is among the first ``max_samples(v)`` ever produced is consumed
@@ -38,7 +40,7 @@ consumed, hence the acceptance check. Worked examples (tests/rollout/test_stalen
 - capacity: v = 5, S = 2, B = 64, 500 groups accepted or running, 1000 max concurrent ->
   min(1000 - r, (2 + 5 + 1) * 64 - 500) = 512 - 500 = 12;
 - claims: B = 4, S = 1, v = 0, K = 2, nothing released: blocks 0..3 fit (4 * 2 = 8 <= (1 + 0 + 1) * 4 = 8),
-  block 4 waits for version 1 (10 <= 12);
+  block 4 (prompts 8 and 9) waits for version 1 (10 <= 12);
 - acceptance: S = 1, B = 16, 70 live groups, v = 2 -> expected_consumer = max(2, 70 // 16) = 4, bound
   4 - 1 = 3: a group whose oldest token is v2 is stale, one from v3 is kept;
 - trainer: v = 7, S = 2 -> groups with head_version < 5 are dropped.
@@ -167,8 +169,8 @@ class StalenessManager:
         return max_samples(version, max_staleness=self.max_staleness, batch_size=self.consumer_batch_size)
 
     def claim_fits(self, reserved: int, *, released: int, credited: int, version: int) -> bool:
-        """``reserved - released - credited <= max_samples(version)``: may a worker claim prompts up to
-        global position ``reserved`` (``rollflow.rollout.prompt_source``; see the module docstring)."""
+        """``reserved - released - credited <= max_samples(version)``: may a worker start the prompt at
+        global position ``reserved - 1`` (``rollflow.rollout.prompt_source``; see the module docstring)."""
         return reserved - released - credited <= self.max_samples(version)
 
     def get_capacity(self, version: int | None = None) -> int:
