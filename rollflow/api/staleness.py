@@ -12,7 +12,7 @@ groups per step, ``S`` = ``rollout.max_staleness``, ``v`` = the trainer version 
 
 Who applies which: the executor starts an episode only while ``capacity(v) > 0`` (``try_submit``) and
 rejects a finished group when ``is_stale(head, min_trainable_version(expected_consumer(v)))``
-(``acceptance_bound``); the prompt source claims a block of prompts only if ``claim_fits``; a graceful
+(``acceptance_bound``); the prompt source hands out a prompt only if ``claim_fits``; a graceful
 stop's saved partial episodes are judged by the same acceptance bound; the trainer at version ``v``
 drops groups with ``is_stale(head, min_trainable_version(v))``. Change the rule here and nowhere else:
 these functions are its only arithmetic (``rollflow.rollout.staleness.StalenessManager`` keeps the
@@ -27,7 +27,7 @@ consumed, hence the acceptance check. Worked examples (tests/rollout/test_stalen
 - capacity: v = 5, S = 2, B = 64, 500 groups accepted or running, 1000 max concurrent ->
   min(1000 - r, (2 + 5 + 1) * 64 - 500) = 512 - 500 = 12;
 - claims: B = 4, S = 1, v = 0, K = 2, nothing released: blocks 0..3 fit (4 * 2 = 8 <= (1 + 0 + 1) * 4 = 8),
-  block 4 waits for version 1 (10 <= 12);
+  block 4 (prompts 8 and 9) waits for version 1 (10 <= 12);
 - acceptance: S = 1, B = 16, 70 live groups, v = 2 -> expected_consumer = max(2, 70 // 16) = 4, bound
   4 - 1 = 3: a group whose oldest token is v2 is stale, one from v3 is kept;
 - trainer: v = 7, S = 2 -> groups with head_version < 5 are dropped.

@@ -4,15 +4,20 @@ What it is: the iterator the loop feeds to the executor. It yields ``(p, row)`` 
 ``p = epoch * N + position`` (N rows; epoch ``e`` visits the rows in a permutation seeded by
 ``(seed, e)``), taken from blocks of ``K`` positions that this worker claimed in the trial's
 ``ClaimLog`` or adopted from a dead worker. It yields ``None`` when nothing may start now (the next
-block does not fit the staleness bound) and stops after ``max_epochs`` passes. With a prompt curriculum
+prompt does not fit the staleness bound) and stops after ``max_epochs`` passes. With a prompt curriculum
 (``skips_ahead``, ``rollflow.rollout.prompt_filter``) the block's prompts that will be skipped are decided
 before the claim and do not count against the bound: they are released as soon as they are pulled.
 
-The global staleness bound: claims are dense, so after claiming block ``b`` exactly ``(b + 1) * K``
-positions were ever handed out, to all workers together; a block is claimed only if
-``fits((b + 1) * K)``, which the worker wires to ``StalenessManager.claim_fits`` (the rule, its math and
-a worked example live in ``rollflow.api.staleness``). A new worker reads the same log, so it cannot
-run ahead.
+The global staleness bound: claims are dense, so every position below the highest one handed out
+(``P``) is claimed by some worker. A position ``p`` that will run is handed out only if ``fits(p + 1)``,
+which the worker wires to ``StalenessManager.claim_fits`` (the rule, its math and a worked example live
+in ``rollflow.api.staleness``): every group that exists or runs anywhere is one of the ``P + 1``
+positions, less the released and credited ones, so the check on ``P`` bounds them all. A block is
+claimed once its first position fits (``fits(b * K + 1)``); its other positions are checked as they are
+pulled. Checking a whole block at the claim (``fits((b + 1) * K)``) is as safe but coarser: with room for
+fewer than ``K`` groups (after a rejected or skipped prompt) no block fits, and the rollout held back
+exactly the groups the bound allows and a trainer at the edge of the window waits for. A new worker
+reads the same log, so it cannot run ahead.
 
 Resume from storage, not from the state file alone. A kill can land between a storage write and the
 state put that records it; the storage records decide:
@@ -190,26 +195,33 @@ class ClaimedPrompts:
         return self
 
     def __next__(self) -> tuple[int, dict] | None:
-        p = self._pop_pending()
-        if p is not None:
-            return p, self.row(p)
-        for _ in range(self._max_conflicts):
+        conflicts = 0
+        while True:
+            p = self._next_pending()
+            if p is not None:
+                # a prompt the curriculum skips takes no room (released when pulled); one that runs must fit
+                if not self._skipped_in(range(p, p + 1)) and not self._fits(p + 1):
+                    return None
+                self._take(p)
+                return p, self.row(p)
+            if conflicts >= self._max_conflicts:
+                return None  # many workers raced for the same blocks: try again on the next tick
             b = self.claims.next_block()
             rng = self.block_range(b)
             if not rng:  # past max_epochs
                 self._stopped = True
                 raise StopIteration
-            if not self._fits(rng.stop - self._skipped_in(rng)):
+            # the block's skips are drawn now, before the claim; room for its first prompt that runs is
+            # enough to claim it, and each prompt is checked as it is pulled (the module docstring)
+            if not self._fits(rng.start + min(1, len(rng) - self._skipped_in(rng))):
                 return None
             if self.claims.try_claim(b, self.worker, self.name):
                 with self._lock:
                     self._held[b] = _Held(gen=0, pending=list(rng))
                     self.claimed += 1
                 self._on_claim()
-                p = self._pop_pending()
-                assert p is not None
-                return p, self.row(p)
-        return None  # many workers raced for the same blocks: try again on the next tick
+            else:
+                conflicts += 1
 
     def _skipped_in(self, rng: range) -> int:
         """Positions of ``rng`` the prompt filter has decided to skip (they never take capacity)."""
@@ -217,13 +229,18 @@ class ClaimedPrompts:
             return 0
         return self._skips_ahead([(p, str(self.row(p).get("prompt_id"))) for p in rng])
 
-    def _pop_pending(self) -> int | None:
+    def _next_pending(self) -> int | None:
+        """The position to hand out next: the lowest held block's first pending one (left in place)."""
         with self._lock:
             for b in sorted(self._held):
-                h = self._held[b]
-                if h.pending:
-                    p = h.pending.pop(0)
-                    h.handed.add(p)
-                    self.last = p
-                    return p
+                if self._held[b].pending:
+                    return self._held[b].pending[0]
         return None
+
+    def _take(self, p: int) -> None:
+        """Hand out ``p`` (``_next_pending``'s answer; a block adopted meanwhile does not move it)."""
+        with self._lock:
+            h = self._held[p // self.k]
+            h.pending.remove(p)
+            h.handed.add(p)
+            self.last = p

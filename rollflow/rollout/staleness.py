@@ -4,7 +4,7 @@ The rule itself, its formulas and worked examples are ``rollflow.api.staleness``
 and nowhere else; its functions are re-exported here). Who applies which: the executor starts an episode
 only while ``capacity(v) > 0`` (``try_submit``) and rejects a finished group when
 ``is_stale(head, min_trainable_version(expected_consumer(v)))`` (``acceptance_bound``); the prompt source
-claims a block of prompts only if ``claim_fits``; a graceful stop's saved partial episodes are judged by
+hands out a prompt only if ``claim_fits``; a graceful stop's saved partial episodes are judged by
 the same acceptance bound; the trainer at version ``v`` drops groups with
 ``is_stale(head, min_trainable_version(v))``.
 
@@ -16,10 +16,12 @@ term is this process's accepted groups not yet visible in storage (buffered, or 
 snapshot), less those the shard writer evicted as invalid. With one writer and no credits ``live`` is
 just ``accepted``. Other workers' running episodes are not seen here: with many workers the exact global
 rule is the claim gate (``claim_fits``, applied by ``rollflow.rollout.prompt_source``): claims are dense,
-so after block ``b`` of ``K`` prompts exactly ``reserved = (b + 1) * K`` prompts were ever handed out to
-all workers together, and each is now unstarted, running, buffered, committed or ``released`` (rejected,
-failed, evicted: every worker publishes its count). ``released`` and ``credited`` are read from storage
-and can only lag (undercount), which errs on the safe side.
+so a prompt at global position ``p`` starts only if ``claim_fits(p + 1)``: every prompt ever started, by
+any worker, is among the ``reserved = P + 1`` positions up to the highest one started (``P``), and each is
+now unstarted, running, buffered, committed or ``released`` (rejected, failed, evicted: every worker
+publishes its count). ``released`` and ``credited`` are read from storage and can only lag (undercount),
+which errs on the safe side. Blocks of ``K`` prompts are claimed in storage, but the gate counts prompts:
+a block is claimed once its first prompt fits, so room for fewer than ``K`` groups is still used.
 
 ``version`` is read through ``version_fn`` or passed explicitly. After a restart,
 ``restore(accepted=..., credited=...)`` seeds the counters from what storage already holds; resetting
@@ -146,8 +148,8 @@ class StalenessManager:
         return max_samples(version, max_staleness=self.max_staleness, batch_size=self.consumer_batch_size)
 
     def claim_fits(self, reserved: int, *, released: int, credited: int, version: int) -> bool:
-        """``reserved - released - credited <= max_samples(version)``: may a worker claim prompts up to
-        global position ``reserved`` (``rollflow.rollout.prompt_source``; see the module docstring)."""
+        """``reserved - released - credited <= max_samples(version)``: may a worker start the prompt at
+        global position ``reserved - 1`` (``rollflow.rollout.prompt_source``; see the module docstring)."""
         return claim_fits(
             reserved, released=released, credited=credited, max_samples=self.max_samples(version)
         )

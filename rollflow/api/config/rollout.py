@@ -183,8 +183,9 @@ class RolloutConfig:
         default=4,
         metadata=help_(
             "Prompts a rollout worker claims at once in storage (one exclusive put per block); capped "
-            "at train.batch_size. Larger blocks mean fewer requests; a held block's unstarted prompts "
-            "count against the staleness bound."
+            "at train.batch_size. Larger blocks mean fewer requests. Each prompt is checked against "
+            "the staleness bound as it starts; a held block's unstarted prompts count against the "
+            "prompts claimed after them (by any worker)."
         ),
     )
     worker_lease_s: float = field(
