@@ -25,5 +25,5 @@ def test_preload_resolves_the_names_other_threads_read() -> None:
 def test_the_flow_preloads_before_it_submits_its_loops() -> None:
     from pathlib import Path
 
-    src = (Path(__file__).resolve().parents[2] / "flows" / "async_rl.py").read_text()
+    src = (Path(__file__).resolve().parents[2] / "flows" / "embedded.py").read_text()  # the embedded run
     assert src.index("preload_libraries()") < src.index("train_loop.submit(")
