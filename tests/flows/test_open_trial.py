@@ -37,8 +37,8 @@ def test_the_flow_the_cli_rlrun_and_a_resume_open_a_trial_alike(
     use_prefect_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import flows.async_rl
-    from flows import RLRun
     from flows.cli import main
+    from flows.session import RLRun
     from rollflow.configuration.loader import load_config, to_dict
     from rollflow.trial.record import read_config_record
     from rollflow.trial.store import open_trial_storage
