@@ -500,7 +500,7 @@ TIMING_KEYS = {
     "trainer_waiting_data_frac": "time/trainer/waiting_data_frac",
     "rollout_capacity_wait_frac": "time/rollout/capacity_wait_frac",
     "rollout_paused_frac": "time/rollout/paused_frac",
-    # the rollout's other named waits (rollflow.timing.clock): no "idle" without a cause
+    # the rollout's other named waits (rollflow.clock.roles): no "idle" without a cause
     "rollout_flush_wait_frac": "time/rollout/flush_wait_frac",
     "rollout_claim_wait_frac": "time/rollout/claim_wait_frac",
     "rollout_idle_frac": "time/rollout/idle_frac",

@@ -193,9 +193,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     from infra.control import ServerControl
     from infra.servers import launch_local_servers
+    from rollflow.clock.roles import Timeline
     from rollflow.inference.client import EngineClient
     from rollflow.inference.watcher import CheckpointWatcher
-    from rollflow.timing.clock import Timeline
     from rollflow.timing.report import TimingReporter, bounds
     from rollflow.training.warm_start_reuse import trainer_class
     from storage.checkpoints import CheckpointStore

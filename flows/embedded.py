@@ -28,7 +28,7 @@ from tasks.train import train_loop
 if TYPE_CHECKING:
     from infra.servers import ServerHandle
     from rollflow.api.metrics import MetricsSink
-    from rollflow.timing.clock import Timeline
+    from rollflow.clock.roles import Timeline
     from rollflow.timing.report import TimingReporter
     from rollflow.tracking.mlflow_tracker import MlflowTracker
     from tasks.runtime import RunLogger
@@ -75,7 +75,7 @@ def _timing(
     cfg: ExperimentConfig, servers: ServerHandle, sink: MetricsSink | None
 ) -> tuple[Timeline, TimingReporter]:
     """Where the time goes: every role's states, cores and servers (``rollflow.timing``)."""
-    from rollflow.timing.clock import Timeline
+    from rollflow.clock.roles import Timeline
     from rollflow.timing.report import TimingReporter
 
     timeline = Timeline()

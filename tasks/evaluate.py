@@ -31,8 +31,8 @@ from prefect.cache_policies import NO_CACHE
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import InferenceError
 from rollflow.api.metrics import MetricsSink, PrefixSink
+from rollflow.clock.roles import Timeline
 from rollflow.evaluation import EvalResult, arun_eval, served_version, wait_for_served_version
-from rollflow.timing.clock import Timeline
 from rollflow.trial.base_split import BaseSplit, read_base_split, write_base_split
 from rollflow.trial.evaluations import eval_record, write_eval_record
 from rollflow.trial.store import open_trial_storage

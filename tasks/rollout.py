@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from infra.servers import ServerHandle
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.metrics import MetricsSink
-from rollflow.timing.clock import Timeline
+from rollflow.clock.roles import Timeline
 from rollflow.trial.store import open_trial_storage
 from tasks.runtime import interrupted, run_sync
 

@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.metrics import MetricsSink, PrefixSink
-from rollflow.timing.clock import Timeline
+from rollflow.clock.roles import Timeline
 from rollflow.trial.store import open_trial_storage
 from tasks.progress import RunProgress
 from tasks.runtime import interrupted

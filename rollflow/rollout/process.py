@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from rollflow.api.config import ExperimentConfig
 from rollflow.api.errors import ServerLostError
 from rollflow.api.metrics import MetricsSink, PrefixSink
-from rollflow.timing.clock import Timeline
+from rollflow.clock.roles import Timeline
 
 if TYPE_CHECKING:
     from rollflow.inference.watcher import CheckpointWatcher

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rollflow.timing.clock import ROLE_STATES
+from rollflow.clock.roles import ROLE_STATES
 
 pytestmark = pytest.mark.slow
 

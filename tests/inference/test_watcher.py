@@ -100,7 +100,7 @@ def _update_mid_generation(
     """A long greedy generation on ``server`` (serving ``tiny_model_dir``) across the publish of
     ``tiny_model_dir_b`` as ``new_version``: tokens before the update are the old policy's, after it
     the new policy's continuation of prompt + prefix, each with its own version and logprob."""
-    from rollflow.timing.clock import Timeline
+    from rollflow.clock.roles import Timeline
 
     addr = server.addresses[0]
     sink = InMemorySink()

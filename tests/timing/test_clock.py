@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollflow.timing.clock import RoleClock, Timeline, UnknownStateError
+from rollflow.clock.roles import RoleClock, Timeline, UnknownStateError
 
 
 class FakeClock:

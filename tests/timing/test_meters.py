@@ -71,7 +71,7 @@ def test_engine_counters_and_interval_figures() -> None:
 
 def test_reporter_logs_time_metrics_and_bounds_names_the_waiting_side() -> None:
     from rollflow.api.metrics import InMemorySink
-    from rollflow.timing.clock import Timeline
+    from rollflow.clock.roles import Timeline
 
     tl = Timeline()
     tl.role("trainer", initial="waiting_data")
@@ -91,7 +91,7 @@ def test_reporter_logs_time_metrics_and_bounds_names_the_waiting_side() -> None:
 
 
 def test_plot_timeline_writes_a_png(tmp_path: Path) -> None:
-    from rollflow.timing.clock import Timeline
+    from rollflow.clock.roles import Timeline
     from rollflow.timing.plot import plot_timeline
 
     tl = Timeline()
@@ -111,7 +111,7 @@ def test_plot_timeline_leaves_the_pyplot_backend_alone(tmp_path: Path) -> None:
     import matplotlib
     import matplotlib.pyplot as plt
 
-    from rollflow.timing.clock import Timeline
+    from rollflow.clock.roles import Timeline
     from rollflow.timing.plot import plot_timeline
 
     before = matplotlib.get_backend()
