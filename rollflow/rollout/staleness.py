@@ -1,7 +1,7 @@
 """StalenessManager: the rollout's counters under the staleness rule.
 
 The rule itself, its formulas and worked examples are ``rollflow.api.staleness`` (change the rule there
-and nowhere else; its functions are re-exported here). Who applies which: the executor starts an episode
+and nowhere else; import its functions from there). Who applies which: the executor starts an episode
 only while ``capacity(v) > 0`` (``try_submit``) and rejects a finished group when
 ``is_stale(head, min_trainable_version(expected_consumer(v)))`` (``acceptance_bound``); the prompt source
 hands out a prompt only if ``claim_fits``; a graceful stop's saved partial episodes are judged by
@@ -57,9 +57,6 @@ __all__ = [
     "RolloutStat",
     "StalenessListener",
     "StalenessManager",
-    "is_stale",
-    "max_samples",
-    "min_trainable_version",
 ]
 
 StalenessEvent = Literal["enqueued", "submitted", "accepted", "rejected", "restored"]

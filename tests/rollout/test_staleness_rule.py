@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from rollflow.api.staleness import is_stale, max_samples, min_trainable_version
 from rollflow.rollout.partials import PartialSample, judge_saved
-from rollflow.rollout.staleness import StalenessManager, is_stale, max_samples, min_trainable_version
+from rollflow.rollout.staleness import StalenessManager
 
 
 def test_max_samples_is_s_plus_v_plus_1_batches() -> None:
