@@ -6,6 +6,10 @@ it), then sets ``stop`` so the other loops end, then waits for them. A loop that
 stopped. Every loop sets ``stop`` when it fails, so the others stop soon after: the trainer finishes
 its step, writes a resume point and returns ``stopped``; the rollout and eval loops return.
 
+The main thread waits in slices of ``WAKE_S``: a SIGTERM the kernel hands to a loop's thread only runs
+Prefect's handler (the graceful stop) when the main thread next runs Python, and a wait with no timeout
+would hold it until the trainer finished on its own.
+
 A cancelled loop (``tasks.runtime.is_interruption``) is re-raised as it is when no loop failed, so the
 run ends Cancelled. When several loops raised, the first failure in ``CAUSE_ORDER`` is reported (a trainer that timed out
 waiting for data is a consequence of a dead rollout, not the cause) and the others are named after it.
@@ -27,6 +31,15 @@ from rollflow.api.errors import LoopFailedError
 from tasks.runtime import is_interruption
 
 CAUSE_ORDER = ("rollout-loop", "eval-loop", "train-loop")
+WAKE_S = 0.25  # how late a signal delivered to another thread may run its handler in the main thread
+
+
+def wait_interruptibly(fut: PrefectFuture[Any], wake_s: float = WAKE_S) -> None:
+    """Return once ``fut`` is done, waking every ``wake_s`` so pending signal handlers run (see above)."""
+    done = threading.Event()
+    fut.add_done_callback(lambda _: done.set())
+    while not done.wait(wake_s):
+        pass
 
 
 def join_loops(
@@ -39,6 +52,7 @@ def join_loops(
     def join(name: str) -> None:
         fut = futures[name]
         try:
+            wait_interruptibly(fut)
             results[name] = fut.result()
         except BaseException as e:  # noqa: BLE001 (re-raised below as LoopFailedError, or as is)
             state = getattr(fut, "state", None)
