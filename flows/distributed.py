@@ -35,7 +35,9 @@ from tasks.evaluate import eval_loop, evaluate_policy
 from tasks.servers import start_servers, stop_servers
 
 if TYPE_CHECKING:
+    from rollflow.inference.watcher import CheckpointWatcher
     from rollflow.tracking.mlflow_tracker import MlflowTracker
+    from storage.checkpoints import CheckpointStore
 
 
 def eval_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -53,21 +55,13 @@ def run_distributed(
 
     ``parameters``: what every child flow gets (``config`` and ``overrides``).
     """
-    from rollflow.inference.watcher import CheckpointWatcher
     from storage.checkpoints import CheckpointStore
 
     sink = tracker.sink if tracker else None
-    storage = open_trial_storage(cfg)
-    store = CheckpointStore(storage)
+    store = CheckpointStore(open_trial_storage(cfg))
     model_path = bootstrap_model(cfg)  # before the children start: they find it built
     servers = start_servers(eval_config(cfg), model_path)
-    watcher = CheckpointWatcher.from_config(
-        cfg.inference,
-        store,
-        servers.addresses,
-        cache_dir=Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial / "eval",
-        ack_ttl_s=cfg.storage.ack_ttl_s,
-    )
+    watcher = _eval_watcher(cfg, store, servers.addresses)
     stop = threading.Event()
     try:
         before = evaluate_policy(cfg, servers.addresses, label="before", min_version=0, metrics=sink)
@@ -86,13 +80,38 @@ def run_distributed(
         stop.set()
         watcher.stop()
         stop_servers(servers)
-    # The trainer ran in another process: what this run trained is the versions it moved past "before"
-    # (one version per step), which is what the registry gate asks for.
-    steps_run = max(0, final - int(before.get("version", 0)))
+    return {"before": before, "after": after, **_children_parts(cfg, before, done, runs, states)}
+
+
+def _eval_watcher(cfg: ExperimentConfig, store: CheckpointStore, addresses: list[str]) -> CheckpointWatcher:
+    """The watcher that loads each published checkpoint into the parent's evaluation servers."""
+    from rollflow.inference.watcher import CheckpointWatcher
+
+    return CheckpointWatcher.from_config(
+        cfg.inference,
+        store,
+        addresses,
+        cache_dir=Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial / "eval",
+        ack_ttl_s=cfg.storage.ack_ttl_s,
+    )
+
+
+def _children_parts(
+    cfg: ExperimentConfig,
+    before: dict[str, Any],
+    done: dict[str, Any],
+    runs: dict[str, str],
+    states: dict[str, Any],
+) -> dict[str, Any]:
+    """``train`` and ``rollout`` as embedded mode reports them, from the child runs' end states.
+
+    The trainer ran in another process: what this run trained is the versions it moved past "before"
+    (one version per step), which is what the registry gate asks for."""
+    final = int(done.get("version", 0))
     train = {
         **done,
         "final_version": final,
-        "steps_run": steps_run,
+        "steps_run": max(0, final - int(before.get("version", 0))),
         "flow_run_id": runs[TRAIN],
         "state": states[TRAIN],
     }
@@ -101,4 +120,4 @@ def run_distributed(
         "completed": sum(1 for n, s in states.items() if n != TRAIN and s == "Completed"),
         "flow_runs": {n: fid for n, fid in runs.items() if n != TRAIN},
     }
-    return {"before": before, "after": after, "train": train, "rollout": rollout}
+    return {"train": train, "rollout": rollout}

@@ -74,8 +74,13 @@ def join_loops(
     for name in futures:
         if name != primary:
             join(name)
-    if not errors:
-        return results
+    if errors:
+        _raise_for(errors, results.get(primary))
+    return results
+
+
+def _raise_for(errors: dict[str, BaseException], trained: Any) -> None:
+    """Raise what the run ends with: an interruption as it is, else a ``LoopFailedError`` for the cause."""
     for e in errors.values():
         if isinstance(e, KeyboardInterrupt | SystemExit):
             raise e
@@ -88,7 +93,6 @@ def join_loops(
     order = [n for n in CAUSE_ORDER if n in errors] + [n for n in errors if n not in CAUSE_ORDER]
     name, err = order[0], errors[order[0]]
     message = f"{type(err).__name__}: {err}"
-    trained = results.get(primary)
     if isinstance(trained, Mapping) and "final_version" in trained:
         how = "wrote its resume point" if trained.get("stopped") else "had finished"
         message += f"; the trainer stopped at version {trained['final_version']} and {how}"

@@ -34,6 +34,7 @@ from rollflow.api.metrics import MetricsSink, PrefixSink
 from rollflow.clock.roles import Timeline
 
 if TYPE_CHECKING:
+    from rollflow.inference.client import EngineClient
     from rollflow.inference.watcher import CheckpointWatcher
     from storage.fs import Storage
 
@@ -57,9 +58,7 @@ def run_rollout_process(
     ``run_sync`` runs the loop's coroutine to its end; ``logger`` gets the lines (the task's run logger)."""
     from rollflow.inference.client import EngineClient
     from rollflow.inference.fleet_link import FleetLink
-    from rollflow.inference.watcher import CheckpointWatcher
     from rollflow.rollout.loop import run_rollout_loop
-    from storage.checkpoints import CheckpointStore
 
     sink = PrefixSink(metrics, "rollout/")
     client = EngineClient.from_config(cfg.inference, addresses, metrics=sink)
@@ -71,17 +70,7 @@ def run_rollout_process(
         fatal.append(message)
         stop_event.set()
 
-    watcher = CheckpointWatcher.from_config(
-        cfg.inference,
-        CheckpointStore(storage),
-        addresses,
-        cache_dir=Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial,
-        on_update=client.set_version,
-        metrics=sink,
-        ack_ttl_s=cfg.storage.ack_ttl_s,
-        on_fatal=on_fatal,
-        clock=timeline.role("weights", initial="waiting"),
-    )
+    watcher = _watcher(cfg, storage, addresses, client, sink, on_fatal, timeline)
     link = FleetLink(client, watcher)
     if supervisor is not None:
         supervisor.add_listener(link)
@@ -91,28 +80,15 @@ def run_rollout_process(
     async def run() -> Any:
         try:
             return await run_rollout_loop(
-                cfg,
-                storage,
-                client,
-                version_fn=client.get_version,
-                stop_event=stop_event,
-                metrics=sink,
-                writer_name=writer_name,
-                timeline=timeline,
-            )
+                cfg, storage, client, version_fn=client.get_version, stop_event=stop_event, metrics=sink,
+                writer_name=writer_name, timeline=timeline,
+            )  # fmt: skip
         finally:
             await client.aclose()
 
-    done = None
     try:
         summary = run_sync(run())
-        done = CheckpointStore(storage).is_done()
-        if done is not None:  # keep loading weights until the servers serve the final policy
-            final = int(done.get("final_version", done.get("version", 0)))
-            if not watcher.wait_for_version(final, timeout_s=cfg.orchestration.stop_timeout_s * 4):
-                logger.warning(
-                    "servers did not reach the final version %d; last error: %s", final, watcher.errors[-1:]
-                )
+        done = _serve_final(cfg, storage, watcher, logger)
     except BaseException:
         stop_event.set()
         raise
@@ -125,12 +101,62 @@ def run_rollout_process(
     if fatal:
         raise ServerLostError(f"rollout stopped: {fatal[0]}")
     logger.info("rollout finished: %s", summary.brief())
+    return _report(summary, watcher, supervisor), done is not None
+
+
+def _watcher(
+    cfg: ExperimentConfig,
+    storage: Storage,
+    addresses: list[str],
+    client: EngineClient,
+    sink: MetricsSink,
+    on_fatal: Callable[[str], None],
+    timeline: Timeline,
+) -> CheckpointWatcher:
+    """The watcher that loads each new checkpoint into this process's servers and tells the client."""
+    from rollflow.inference.watcher import CheckpointWatcher
+    from storage.checkpoints import CheckpointStore
+
+    return CheckpointWatcher.from_config(
+        cfg.inference,
+        CheckpointStore(storage),
+        addresses,
+        cache_dir=Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial,
+        on_update=client.set_version,
+        metrics=sink,
+        ack_ttl_s=cfg.storage.ack_ttl_s,
+        on_fatal=on_fatal,
+        clock=timeline.role("weights", initial="waiting"),
+    )
+
+
+def _serve_final(
+    cfg: ExperimentConfig,
+    storage: Storage,
+    watcher: CheckpointWatcher,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> dict[str, Any] | None:
+    """The trainer's done marker, if it is there; then keep loading until the servers serve the final policy."""
+    from storage.checkpoints import CheckpointStore
+
+    done = CheckpointStore(storage).is_done()
+    if done is not None:
+        final = int(done.get("final_version", done.get("version", 0)))
+        if not watcher.wait_for_version(final, timeout_s=cfg.orchestration.stop_timeout_s * 4):
+            logger.warning(
+                "servers did not reach the final version %d; last error: %s", final, watcher.errors[-1:]
+            )
+    return done
+
+
+def _report(summary: Any, watcher: CheckpointWatcher, supervisor: Any) -> dict[str, Any]:
+    """The loop's summary as a dict, with the weight updates seen and the servers restarted or lost."""
     out = dataclasses.asdict(summary) if dataclasses.is_dataclass(summary) else dict(summary)
     out["weight_updates"] = len(watcher.events)
     if supervisor is not None:
         out["server_restarts"] = sum(supervisor.restarts.values())
         out["servers_lost"] = len(supervisor.lost)
-    return out, done is not None
+    return out
 
 
 def _catch_up(
