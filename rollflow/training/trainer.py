@@ -84,11 +84,6 @@ KEEP_RESUME_POINTS = 2
 class Trainer:
     """See the module docstring. Construct on every rank (torchrun) with the same config."""
 
-    def _version_ceiling(self) -> int | None:
-        """``max(LATEST, self.version)``: the newest version a trained token may carry (see ``setup``)."""
-        latest = self.store.latest_version()
-        return self.version if latest is None else max(latest, self.version)
-
     def __init__(
         self,
         cfg: ExperimentConfig,
@@ -120,6 +115,11 @@ class Trainer:
         self._waiting_for_data = False  # rank 0 is between steps, waiting for groups
 
     # --- setup --------------------------------------------------------------------------------------------
+
+    def _version_ceiling(self) -> int | None:
+        """``max(LATEST, self.version)``: the newest version a trained token may carry (see ``setup``)."""
+        latest = self.store.latest_version()
+        return self.version if latest is None else max(latest, self.version)
 
     def _setup(self) -> None:
         from transformers.utils import logging as hf_logging
