@@ -11,7 +11,7 @@ arm's one change, then prints, per arm, the median (min..max over seeds) of
   out of that median, and the count says so);
 * ``steps`` (optimizer steps in the horizon), ``steps_s`` and ``compl_s`` (per training second), and for
   rollflow its own accounting (``TIMING``): the least busy core, the trainer's share waiting for data, the
-  rollout's share held by the claim gate and by the staleness bound.
+  rollout's share held by the claim gate and by the staleness bound, the server's busy share and mean batch.
 
 The arms (``ARMS``): ``trl`` (its ``GRPOTrainer``: on-policy, ``loss_type dapo``, ``scale_rewards
 group``), ``rollflow`` (the candidate defaults: staleness up to 2, the decoupled loss with its
@@ -28,8 +28,9 @@ hour)::
     python -m bench.retention_ablation --arms trl rollflow on_policy no_decoupled
     python -m bench.retention_ablation --report-only     # re-read what is under --out
 
-It prints ``key value`` lines (``<arm>_solved_at_<S>s``, ``<arm>_solved_at_step_<N>``, ...) and writes
-them to ``<out>/summary.txt``.
+It prints ``key value`` lines (``<arm>_solved_at_<S>s``, ``<arm>_solved_at_step_<N>``, ...), writes
+them to ``<out>/summary.txt`` and draws ``<out>/per_step.png`` (kept and learnt against optimizer steps,
+the median per arm).
 
 What it is not: a tuner. The rule for defaults (docs/learning.md) asks for the test families' verdict
 before a default changes.
@@ -63,6 +64,8 @@ TIMING = {  # rollflow's own accounting (MLflow time/...), each a share of the r
     "trainer_waits": "time/trainer/waiting_data_frac",
     "gate_holds": "time/rollout/claim_wait_frac",
     "bound_holds": "time/rollout/capacity_wait_frac",
+    "server_busy": "time/server0/busy_frac",
+    "server_batch": "time/server0/avg_batch",
 }
 
 
@@ -125,6 +128,36 @@ def report(out: Path, family: str, steps: list[int]) -> dict[str, str]:
     return keys
 
 
+def plot(out: Path, family: str, path: Path) -> None:
+    """Kept and learnt against optimizer steps, one line per arm: at each snapshot (every run of an arm
+    takes them at the same training seconds), the median step and the median accuracy over the seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
+    for arm in ARMS:
+        runs = [_by_step(r) for r in _runs(out, arm, family)]
+        if not runs:
+            continue
+        n = min(len(r) for r in runs)
+        steps = [median([r[i][0] for r in runs]) for i in range(n)]
+        for ax, col in zip(axes, (1, 2), strict=True):
+            ax.plot(steps, [median([r[i][col] for r in runs]) for i in range(n)], marker="o", ms=3, label=arm)
+    for ax, title in zip(
+        axes, ("kept (start-solved problems)", "learnt (start-unsolved problems)"), strict=True
+    ):
+        ax.set_title(f"{family}: {title}")
+        ax.set_xlabel("optimizer steps")
+        ax.set_ylabel("held-out accuracy (median over seeds)")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.retention_ablation", description=__doc__.split("\n")[0])
     p.add_argument("--family", default="add_gap", help="a dev family (default add_gap)")
@@ -161,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    plot(out, args.family, out / "per_step.png")
+    print(f"# wrote {out / 'summary.txt'} and per_step.png", flush=True)
     return 0
 
 

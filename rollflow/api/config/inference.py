@@ -193,7 +193,9 @@ class InferenceConfig:
         default=1,
         metadata=help_(
             "CPU server: torch threads per server. auto: the cores the trainer (train.threads) leaves, split "
-            "over the servers, resolved on the machine that loads the config."
+            "over the servers, resolved on the machine that loads the config. Evidence for 1: on 2 cores, 2 "
+            "threads made the server busier and the run no faster (docs/benchmarks.md, 'Server threads "
+            "above the free cores, measured again')."
         ),
     )
     request_timeout_s: float = field(default=120.0, metadata=help_("Timeout of one /generate call."))

@@ -171,7 +171,10 @@ class TrainConfig:
             "Decoupled PPO (AReaL): ratio against the recomputed proximal policy, importance weight "
             "exp(prox - behav). Off: the behaviour logprobs are the proximal ones. Needs unfiltered "
             "sampling (top_p 1, top_k -1, min_p 0): the server reports logprobs of the unfiltered "
-            "distribution, so with filtering exp(prox - behav) is not the importance weight."
+            "distribution, so with filtering exp(prox - behav) is not the importance weight. Evidence for "
+            "the default: it is the peers' (AReaL's). With one pass and one minibatch per step its clip "
+            "never binds; false (PPO against the sampling policy) kept and learnt more on sub_gap, a dev "
+            "family (docs/benchmarks.md, 'What makes rollflow forget'), not yet judged on the test families."
         ),
     )
     proximal: Literal["forward", "approx"] = field(
