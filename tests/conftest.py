@@ -197,8 +197,27 @@ def stop_prefect_temporary_servers() -> Iterator[None]:
     if "prefect.server.api.server" in sys.modules:  # only a session that started one imported it
         from prefect.server.api.server import SubprocessASGIServer
 
+        # Prefect's events and log workers first, while their server is up: a worker left running tried
+        # to reconnect to the stopped server and logged the failure to a closed stream (a Logging error)
+        for worker in _prefect_background_workers():
+            worker.drain_all(timeout=10.0)
+
         for server in list(SubprocessASGIServer._instances.values()):
             server.stop()  # then the exit hook finds nothing to stop, and says nothing
+
+
+def _prefect_background_workers() -> list[Any]:
+    """Prefect's queue services this session started (imported), each with ``drain_all``."""
+    out: list[Any] = []
+    if "prefect.events.worker" in sys.modules:
+        from prefect.events.worker import EventsWorker
+
+        out.append(EventsWorker)
+    if "prefect.logging.handlers" in sys.modules:
+        from prefect.logging.handlers import APILogWorker
+
+        out.append(APILogWorker)
+    return out
 
 
 @pytest.fixture(scope="session")
