@@ -40,12 +40,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from bench.peer_eval import median, spread
+from bench.peer_eval import mark_window, median, spread, value_near
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS: dict[str, tuple[str, list[str]]] = {  # name: (system, its one change)
@@ -88,16 +89,10 @@ def _by_step(run: dict[str, Any]) -> list[tuple[int, float, float]]:
     return out
 
 
-def _near_step(points: list[tuple[int, float, float]], step: int, within: int) -> tuple[float, float] | None:
-    best = min(points, key=lambda p: (abs(p[0] - step), p[0]))
-    return (best[1], best[2]) if abs(best[0] - step) <= within else None
-
-
 def report(out: Path, family: str, steps: list[int]) -> dict[str, str]:
     """The ``key value`` figures of every arm that has runs under ``out``."""
     keys: dict[str, str] = {}
-    gaps = [b - a for a, b in zip([0, *steps], steps, strict=False)]
-    within = max(1, min(gaps) // 2) if steps else 1
+    within = mark_window(steps)  # half the smallest spacing between the step marks, 0 counting as one
     for arm in ARMS:
         runs = _runs(out, arm, family)
         if not runs:
@@ -119,11 +114,14 @@ def report(out: Path, family: str, steps: list[int]) -> dict[str, str]:
             xs = [float(r["timing"][key]) for r in runs if key in r.get("timing", {})]
             if xs:
                 keys[f"{arm}_{name}"] = f"{median(xs):.2f} ({spread(xs)})"
+        per_step = [_by_step(r) for r in runs]
         for step in steps:
-            got = [p for p in (_near_step(_by_step(r), step, within) for r in runs) if p is not None]
-            if got:
-                for i, name in enumerate(("solved", "unsolved")):
-                    xs = [g[i] for g in got]
+            for i, name in ((1, "solved"), (2, "unsolved")):
+                near = (
+                    value_near([(p[0], p[i]) for p in points], step, within=within) for points in per_step
+                )
+                xs = [x for x in near if not math.isnan(x)]
+                if xs:
                     keys[f"{arm}_{name}_at_step_{step}"] = f"{median(xs):.3f} ({spread(xs)}) n={len(xs)}"
     return keys
 
