@@ -80,7 +80,7 @@ def run_distributed(
         stop.set()
         watcher.stop()
         stop_servers(servers)
-    return {"before": before, "after": after, **_children_parts(cfg, before, done, runs, states)}
+    return {"before": before, "after": after, **_children_parts(cfg, before, done, final, runs, states)}
 
 
 def _eval_watcher(cfg: ExperimentConfig, store: CheckpointStore, addresses: list[str]) -> CheckpointWatcher:
@@ -100,14 +100,14 @@ def _children_parts(
     cfg: ExperimentConfig,
     before: dict[str, Any],
     done: dict[str, Any],
+    final: int,
     runs: dict[str, str],
     states: dict[str, Any],
 ) -> dict[str, Any]:
     """``train`` and ``rollout`` as embedded mode reports them, from the child runs' end states.
 
     The trainer ran in another process: what this run trained is the versions it moved past "before"
-    (one version per step), which is what the registry gate asks for."""
-    final = int(done.get("version", 0))
+    (one version per step), which is what the registry gate asks for. ``final``: the done marker's version."""
     train = {
         **done,
         "final_version": final,

@@ -36,6 +36,7 @@ from rollflow.clock.roles import Timeline
 if TYPE_CHECKING:
     from rollflow.inference.client import EngineClient
     from rollflow.inference.watcher import CheckpointWatcher
+    from storage.checkpoints import CheckpointStore
     from storage.fs import Storage
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,9 @@ def run_rollout_process(
     from rollflow.inference.client import EngineClient
     from rollflow.inference.fleet_link import FleetLink
     from rollflow.rollout.loop import run_rollout_loop
+    from storage.checkpoints import CheckpointStore
 
+    store = CheckpointStore(storage)
     sink = PrefixSink(metrics, "rollout/")
     client = EngineClient.from_config(cfg.inference, addresses, metrics=sink)
     fatal: list[str] = []
@@ -70,12 +73,12 @@ def run_rollout_process(
         fatal.append(message)
         stop_event.set()
 
-    watcher = _watcher(cfg, storage, addresses, client, sink, on_fatal, timeline)
+    watcher = _watcher(cfg, store, addresses, client, sink, on_fatal, timeline)
     link = FleetLink(client, watcher)
     if supervisor is not None:
         supervisor.add_listener(link)
     watcher.start()
-    _catch_up(cfg, storage, watcher, logger.warning)
+    _catch_up(cfg, store, watcher, logger.warning)
 
     async def run() -> Any:
         try:
@@ -88,7 +91,7 @@ def run_rollout_process(
 
     try:
         summary = run_sync(run())
-        done = _serve_final(cfg, storage, watcher, logger)
+        done = _serve_final(cfg, store, watcher, logger)
     except BaseException:
         stop_event.set()
         raise
@@ -106,7 +109,7 @@ def run_rollout_process(
 
 def _watcher(
     cfg: ExperimentConfig,
-    storage: Storage,
+    store: CheckpointStore,
     addresses: list[str],
     client: EngineClient,
     sink: MetricsSink,
@@ -115,11 +118,10 @@ def _watcher(
 ) -> CheckpointWatcher:
     """The watcher that loads each new checkpoint into this process's servers and tells the client."""
     from rollflow.inference.watcher import CheckpointWatcher
-    from storage.checkpoints import CheckpointStore
 
     return CheckpointWatcher.from_config(
         cfg.inference,
-        CheckpointStore(storage),
+        store,
         addresses,
         cache_dir=Path(cfg.storage.local_cache) / cfg.experiment / cfg.trial,
         on_update=client.set_version,
@@ -132,14 +134,12 @@ def _watcher(
 
 def _serve_final(
     cfg: ExperimentConfig,
-    storage: Storage,
+    store: CheckpointStore,
     watcher: CheckpointWatcher,
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> dict[str, Any] | None:
     """The trainer's done marker, if it is there; then keep loading until the servers serve the final policy."""
-    from storage.checkpoints import CheckpointStore
-
-    done = CheckpointStore(storage).is_done()
+    done = store.is_done()
     if done is not None:
         final = int(done.get("final_version", done.get("version", 0)))
         if not watcher.wait_for_version(final, timeout_s=cfg.orchestration.stop_timeout_s * 4):
@@ -160,14 +160,12 @@ def _report(summary: Any, watcher: CheckpointWatcher, supervisor: Any) -> dict[s
 
 
 def _catch_up(
-    cfg: ExperimentConfig, storage: Storage, watcher: CheckpointWatcher, warn: Callable[..., None]
+    cfg: ExperimentConfig, store: CheckpointStore, watcher: CheckpointWatcher, warn: Callable[..., None]
 ) -> None:
     """A resumed trial's servers start on the base weights (version 0): wait until they serve the newest
     committed version before generating, so nothing (a continued partial episode above all) is generated
     by a policy the staleness bound would reject anyway. A fresh trial (no version past 0) waits for nothing."""
-    from storage.checkpoints import CheckpointStore
-
-    latest = CheckpointStore(storage).latest_version()
+    latest = store.latest_version()
     if not latest:
         return
     if not watcher.wait_for_version(latest, timeout_s=cfg.inference.startup_timeout_s):
