@@ -148,9 +148,9 @@ PEER_CONFIG ?= configs/tiny_hard.yaml
 bench-peer: install trl-venv
 	$(PY) -m bench.peer --config $(PEER_CONFIG) $(ARGS)
 
-# The learning suite (docs/benchmarks.md, "The suite"): the test families, 5 seeds x 240 s, TRL then rollflow at the
-# candidate defaults, about 2.3-2.5 hours on 2 idle cores; one table and one picture in bench/results/suite/.
-# SUITE_ARGS="--families dev" runs the dev families instead (about 3.2 hours).
+# The learning suite (docs/benchmarks.md, "The suite"): the test families, 5 seeds x 120 s, TRL then rollflow at the
+# candidate defaults, about 70 minutes on 2 idle cores; one table and one picture in bench/results/suite_recalibrated/.
+# SUITE_ARGS="--families dev" runs the dev families instead (about 1.5 hours).
 SUITE_ARGS ?= --families test
 bench-suite: install trl-venv
 	$(PY) -m bench.suite.run $(SUITE_ARGS) $(ARGS)

@@ -102,6 +102,35 @@ class SnapshotScorer:
                 correct.append(self.score(prompt, text, str(row["answer"]), data) >= 0.5)
         return correct
 
+    @torch.no_grad()
+    def solve_counts(self, k: int, temperature: float, *, seed: int = 0) -> list[int]:
+        """Per held-out row, in order: how many of ``k`` completions sampled at ``temperature`` (from the
+        starting weights) score >= 0.5. A GRPO group of ``k`` learns only from a row with 0 < count < k."""
+        self.load(None)
+        torch.manual_seed(seed)
+        counts: list[int] = []
+        step = max(1, self.batch_size // k)
+        for lo in range(0, len(self.rows), step):
+            ids = self.enc["input_ids"][lo : lo + step]  # [b, P]
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=self.enc["attention_mask"][lo : lo + step],
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                num_return_sequences=k,
+                max_new_tokens=self.max_new_tokens,
+                eos_token_id=self.tok.eos_token_id,
+                pad_token_id=self.tok.pad_token_id,
+            )  # [b * k, P + new], each row's k samples together
+            texts = self.tok.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+            for j, i in enumerate(range(lo, min(lo + step, len(self.rows)))):
+                row, prompt, data = self.rows[i], self.prompts[i], self.data[i]
+                group = texts[j * k : (j + 1) * k]
+                counts.append(sum(self.score(prompt, t, str(row["answer"]), data) >= 0.5 for t in group))
+        return counts
+
     def score(self, prompt: str, completion: str, answer: str, data: dict[str, Any]) -> float:
         """The reward, or 0.0 when it raises or returns a non-number (rollflow's runner does the same)."""
         try:
@@ -126,6 +155,17 @@ def base_split_accuracies(correct: Sequence[bool], base: Sequence[bool]) -> tupl
     )
     solved, unsolved = (sum(h) / len(h) if h else math.nan for h in halves)
     return solved, unsolved
+
+
+def retention_by_step(run: dict[str, Any]) -> list[tuple[int, float, float]]:
+    """(optimizer step, solved, unsolved) per snapshot of a ``bench.peer`` run: each retention point at the
+    snapshot nearest its time; the start is step 0 (rollflow's runs list no snapshot there)."""
+    snaps = [{"t": 0.0, "step": 0}, *run["snapshots"]]
+    out = []
+    for t, solved, unsolved in run["retention"]:
+        step = min(snaps, key=lambda s: abs(s["t"] - t))["step"]
+        out.append((int(step), float(solved), float(unsolved)))
+    return out
 
 
 def value_at(curve: Curve, t: float, *, final_from: float | None = None) -> float:

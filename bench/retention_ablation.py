@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.peer_eval import mark_window, median, spread, value_near
+from bench.peer_eval import mark_window, median, retention_by_step, spread, value_near
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS: dict[str, tuple[str, list[str]]] = {  # name: (system, its one change)
@@ -79,16 +79,6 @@ def _runs(out: Path, arm: str, family: str) -> list[dict[str, Any]]:
     return [r for path in paths for r in json.loads(path.read_text())["runs"] if r["system"] == system]
 
 
-def _by_step(run: dict[str, Any]) -> list[tuple[int, float, float]]:
-    """(optimizer step, solved, unsolved) per snapshot: each retention point at the snapshot of its time."""
-    snaps = [{"t": 0.0, "step": 0}, *run["snapshots"]]  # the start (rollflow's runs list no snapshot at 0)
-    out = []
-    for t, solved, unsolved in run["retention"]:
-        step = min(snaps, key=lambda s: abs(s["t"] - t))["step"]
-        out.append((int(step), float(solved), float(unsolved)))
-    return out
-
-
 def report(out: Path, family: str, steps: list[int]) -> dict[str, str]:
     """The ``key value`` figures of every arm that has runs under ``out``."""
     keys: dict[str, str] = {}
@@ -114,7 +104,7 @@ def report(out: Path, family: str, steps: list[int]) -> dict[str, str]:
             xs = [float(r["timing"][key]) for r in runs if key in r.get("timing", {})]
             if xs:
                 keys[f"{arm}_{name}"] = f"{median(xs):.2f} ({spread(xs)})"
-        per_step = [_by_step(r) for r in runs]
+        per_step = [retention_by_step(r) for r in runs]
         for step in steps:
             for i, name in ((1, "solved"), (2, "unsolved")):
                 near = (
@@ -136,7 +126,7 @@ def plot(out: Path, family: str, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
     for arm in ARMS:
-        runs = [_by_step(r) for r in _runs(out, arm, family)]
+        runs = [retention_by_step(r) for r in _runs(out, arm, family)]
         if not runs:
             continue
         n = min(len(r) for r in runs)

@@ -20,6 +20,9 @@ family); ``table(docs, times, horizon)`` gives the rows family x system with
   generated per training second; ``cores``: rollflow's least busy core over its run (``time/cpu``);
 * ``>= trl``: whether rollflow's median is at or above TRL's at every evaluation time after the first 30 s.
 
+Beside the table, ``key value`` lines only: kept and learnt at the same optimizer step for both systems
+(``per_step``: TRL's step count at the horizon) and each system's optimizer steps per second.
+
 ``plot(docs, path, horizon)`` draws one panel per family: median accuracy against training seconds per
 system, the band min..max over seeds. Both print only what the runs measured.
 
@@ -33,7 +36,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.peer_eval import mark_window, median, value_at, value_near
+from bench.peer_eval import mark_window, median, retention_by_step, value_at, value_near
 
 SYSTEMS = ("trl", "rollflow")
 COLORS = {"trl": "tab:orange", "rollflow": "tab:blue"}
@@ -121,8 +124,31 @@ def table(
                 keys[f"suite_{name}_rollflow_ge_trl_after_30s"] = ge
                 keys[f"suite_{name}_time_to_trl_final_ratio"] = t_final
                 keys[f"suite_{name}_rollflow_core_busy_min"] = summary.get("rollflow_core_busy_min", "-")
+        keys.update(per_step(name, doc))
         keys[f"suite_{name}_base_acc"] = f"{base:.3f}"
     return "\n".join(lines), keys
+
+
+def per_step(name: str, doc: dict[str, Any]) -> dict[str, str]:
+    """Both systems at the same optimizer step: kept (solved) and learnt (unsolved) at ``S``, TRL's median
+    step count at the horizon rounded down to a multiple of 10, each run read at its snapshot nearest
+    ``S`` (none farther than ``S / 4``); plus each system's optimizer steps per second."""
+    keys: dict[str, str] = {}
+    trl = _runs(doc, "trl")
+    mark = int(median([r["steps"] for r in trl]) // 10 * 10) if trl else 0
+    for system in SYSTEMS:
+        rs = _runs(doc, system)
+        if not rs:
+            continue
+        sps = [r["steps"] / float(r["train_seconds"]) for r in rs]
+        keys[f"suite_{name}_{system}_steps_per_s"] = f"{median(sps):.3f}"
+        if mark <= 0:
+            continue
+        points = [retention_by_step(r) for r in rs]
+        for i, what in ((1, "kept"), (2, "learnt")):
+            xs = [value_near([(p[0], p[i]) for p in pts], mark, within=mark / 4) for pts in points]
+            keys[f"suite_{name}_{system}_{what}_at_step_{mark}"] = _fmt(xs)
+    return keys
 
 
 def plot(docs: dict[str, dict[str, Any]], splits: dict[str, str], path: Path, horizon: float) -> None:

@@ -7,16 +7,18 @@ the other on this machine; no synchronous baseline) with every learning key at t
 ``key value`` lines and writes ``<out>/summary.txt``, ``<out>/suite.json`` and ``<out>/suite.png``.
 
 Options: ``--families`` (names, ``dev``, ``test`` or ``all``), ``--seeds`` (default 1-5), ``--seconds`` (the
-horizon, default 240), ``--eval-times`` (the table's columns), ``--snapshot-every`` (seconds between
+horizon, default 120), ``--eval-times`` (the table's columns), ``--snapshot-every`` (seconds between
 weight snapshots, each scored off the clock), ``--size`` / ``--eval-size`` (a reasoning-gym family's
-prompts), ``--calibrate`` (only build each family's warm start and print its base accuracy and solved
-share, and merge them with the family's settings into ``<out>/calibration.json``: run it first, a base
-outside 0.1-0.4 means the family's setting must change), ``--report-only``
+prompts), ``--calibrate`` (only build each family's warm start and print its base accuracy, solved share and
+reachable share, and merge them with the family's settings into ``<out>/calibration.json``: run it
+first; a base outside 0.1-0.4, or a reachable share below ``LEARNABLE_REACHABLE``, means the family's
+setting must change), ``--report-only``
 (only rebuild the table and picture from results already there), and dotted overrides for both systems.
 
-How long: per family ``seeds x 2 systems x (horizon + ~25 s start-up and scoring)``, plus one warm start
-(~1.5 min idle). The test run (3 families x 5 seeds x 2 x 240 s) is about 2.3-2.5 hours on 2 idle cores;
-``--families dev`` (4 families) about 3.2 hours.
+How long: per family ``seeds x 2 systems x (horizon + ~20 s start-up and scoring)``, plus one warm start
+(3-7 min) unless the family's model is already built. The test run (3 families x 5 seeds x 2 x 120 s) is
+about 70 minutes on 2 idle cores (23 minutes a family, measured); ``--families dev`` (4 families) about
+1.5 hours.
 
 Smoke run (about 4 minutes on a loaded 2-core machine; proves the path end to end, measures nothing; use a
 dev family, so no test family is looked at)::
@@ -40,8 +42,8 @@ from typing import Any
 
 from bench.suite.families import (
     FAMILIES,
+    LEARNABLE_REACHABLE,
     ROOT,
-    WARM_START_STEPS,
     Family,
     candidate_overrides,
     family_config,
@@ -71,7 +73,31 @@ def calibrate(f: Family, config: Path, overrides: list[str]) -> dict[str, float]
     )
     correct = scorer.correct(None)
     acc = sum(correct) / max(1, len(correct))
-    return {"base_acc": acc, "base_solved": float(sum(correct)), "n_eval": float(len(correct))}
+    k = cfg.rollout.group_size
+    counts = scorer.solve_counts(k, gen.temperature, seed=cfg.seed)
+    return {
+        "base_acc": acc,
+        "base_solved": float(sum(correct)),
+        "n_eval": float(len(correct)),
+        **reachability(correct, counts, k),
+    }
+
+
+def reachability(correct: list[bool], counts: list[int], k: int) -> dict[str, float]:
+    """What a group of ``k`` samples can learn from at the start, on the held-out rows.
+
+    ``reachable_unsolved`` = #{i: not correct_i and counts_i > 0} / #{i: not correct_i}: the share of the
+    problems greedy decoding gets wrong that at least one of ``k`` samples solves (GRPO's only signal on
+    them). ``mixed`` = #{i: 0 < counts_i < k} / n: the share of rows whose group has a non-zero advantage.
+    """
+    n = max(1, len(counts))
+    wrong = [c for c, ok in zip(counts, correct, strict=True) if not ok]
+    return {
+        "reachable_unsolved": sum(c > 0 for c in wrong) / max(1, len(wrong)),
+        "mixed": sum(0 < c < k for c in counts) / n,
+        "sample_acc": sum(counts) / (n * k),
+        "group_size": float(k),
+    }
 
 
 def record_calibration(path: Path, f: Family, base: dict[str, float], overrides: list[str]) -> dict[str, Any]:
@@ -89,7 +115,7 @@ def record_calibration(path: Path, f: Family, base: dict[str, float], overrides:
         "task": f.task,
         "params": f.params,
         "warm_start_params": f.warm_start_params,
-        "warm_start_steps": int(steps[-1]) if steps else WARM_START_STEPS,
+        "warm_start_steps": int(steps[-1]) if steps else f.warm_start_steps,
         "n_eval": n,
         "base_solved": solved,
         "base_unsolved": n - solved,
@@ -97,6 +123,8 @@ def record_calibration(path: Path, f: Family, base: dict[str, float], overrides:
         "share_solved": round(acc, 4),
         "share_unsolved": round(1.0 - acc, 4),
         "in_range": bool(0.1 <= acc <= 0.4 and 0 < solved < n),
+        **{key: round(base[key], 4) for key in ("reachable_unsolved", "mixed", "sample_acc") if key in base},
+        "learnable": bool(base.get("reachable_unsolved", 0.0) >= LEARNABLE_REACHABLE),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,13 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.suite.run", description=__doc__.split("\n")[0])
     p.add_argument("--families", nargs="+", default=["test"], help="names, dev, test or all (default: test)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    p.add_argument("--seconds", type=float, default=240.0, help="the horizon: training seconds per run")
-    p.add_argument("--eval-times", type=float, nargs="+", default=[30, 60, 120, 180, 240])
+    p.add_argument("--seconds", type=float, default=120.0, help="the horizon: training seconds per run")
+    p.add_argument("--eval-times", type=float, nargs="+", default=[30, 60, 90, 120])
     p.add_argument("--snapshot-every", type=float, default=15.0)
     p.add_argument("--size", type=int, default=2000, help="a reasoning-gym family's training prompts")
     p.add_argument("--eval-size", type=int, default=200, help="a reasoning-gym family's held-out prompts")
     p.add_argument("--systems", nargs="+", default=["trl", "rollflow"], choices=["trl", "rollflow"])
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "suite"))
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "suite_recalibrated"))
     p.add_argument("--calibrate", action="store_true", help="only build the warm starts and print the base")
     p.add_argument("--report-only", action="store_true", help="only rebuild the table and the picture")
     p.add_argument("overrides", nargs="*", help="dotted config overrides for both systems")
@@ -131,8 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.calibrate:
             base = calibrate(f, config, overrides)
             in_range = "ok" if 0.1 <= base["base_acc"] <= 0.4 else "OUT OF 0.1-0.4"
+            reach = "ok" if base["reachable_unsolved"] >= LEARNABLE_REACHABLE else "BELOW"
             print(f"suite_{f.name}_base_acc {base['base_acc']:.3f}  # {f.split}, {in_range}", flush=True)
             print(f"suite_{f.name}_base_solved {base['base_solved']:.0f}/{base['n_eval']:.0f}", flush=True)
+            print(f"suite_{f.name}_reachable_unsolved {base['reachable_unsolved']:.3f}  # {reach} "
+                  f"{LEARNABLE_REACHABLE}", flush=True)  # fmt: skip
+            for key in ("mixed", "sample_acc"):
+                print(f"suite_{f.name}_{key} {base[key]:.3f}", flush=True)
             record_calibration(out / "calibration.json", f, base, overrides)
             continue
         if args.report_only:

@@ -6,6 +6,7 @@ the whole path (warm start, both systems, scoring) is the smoke run in bench/sui
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -40,12 +41,18 @@ def test_a_tuned_config_runs_at_the_candidate_defaults(tmp_path: Path) -> None:
     }
 
 
-def _run(system: str, seed: int, curve: list[tuple[float, float]], solved: float) -> dict:
+def _run(
+    system: str, seed: int, curve: list[tuple[float, float]], solved: float, *, rate: float = 1.0
+) -> dict:
+    """A bench.peer run: a snapshot at each curve point but the start, ``rate`` optimizer steps a second."""
     return {
         "system": system,
         "seed": seed,
         "curve": curve,
         "retention": [(0.0, 1.0, 0.0), (curve[-1][0], solved, 0.5)],
+        "snapshots": [{"t": t, "step": int(t * rate)} for t, _ in curve[1:]],
+        "steps": int(curve[-1][0] * rate),
+        "train_seconds": curve[-1][0],
     }
 
 
@@ -112,3 +119,56 @@ def test_nearest_snapshot_ties_go_earlier_and_none_is_read_from_too_far() -> Non
     assert value_near(curve, 34.0, within=15.0) == 0.3  # 35 is 1 s away, 25 is 9 s away
     assert math.isnan(value_near(curve, 60.0, within=15.0))  # nearest is 80 (20 s away) > 15
     assert value_near(curve, 60.0, within=15.0, final_from=60.0) == 0.4  # the final point past the horizon
+
+
+def test_reachability_counts_the_unsolved_problems_a_group_can_learn_from() -> None:
+    """reachable_unsolved: greedy-wrong rows that at least one sample solves; mixed: 0 < count < k."""
+    from bench.suite.run import reachability
+
+    correct = [True, True, False, False, False, False]
+    counts = [8, 5, 0, 1, 0, 8]
+    r = reachability(correct, counts, 8)
+    assert r["reachable_unsolved"] == pytest.approx(2 / 4)
+    assert r["mixed"] == pytest.approx(2 / 6)
+    assert r["sample_acc"] == pytest.approx(22 / 48)
+    with pytest.raises(ValueError):
+        reachability([True], [1, 2], 8)
+
+
+def test_calibration_marks_a_family_learnable_only_above_the_dev_bar(tmp_path: Path) -> None:
+    """record_calibration keeps the reachable share and says whether it clears LEARNABLE_REACHABLE."""
+    from bench.suite.families import LEARNABLE_REACHABLE
+    from bench.suite.run import record_calibration
+
+    out = tmp_path / "calibration.json"
+    base = {"base_acc": 0.3, "base_solved": 60.0, "n_eval": 200.0, "mixed": 0.1, "sample_acc": 0.3}
+    low = record_calibration(
+        out, FAMILIES["gcd"], {**base, "reachable_unsolved": LEARNABLE_REACHABLE / 2}, []
+    )
+    assert low["in_range"] and not low["learnable"]
+    high = record_calibration(
+        out, FAMILIES["products"], {**base, "reachable_unsolved": LEARNABLE_REACHABLE}, []
+    )
+    assert high["learnable"] and high["warm_start_steps"] == FAMILIES["products"].warm_start_steps
+    assert set(json.loads(out.read_text())) == {"gcd", "products"}
+
+
+def test_both_systems_are_read_at_trls_step_count() -> None:
+    """per_step: kept and learnt at TRL's median final step (rounded down to 10), each run at its snapshot
+    nearest it; rollflow, twice as fast, is read mid-run, not at its horizon."""
+    from bench.suite.report import per_step
+
+    def run(system: str, rate: float, kept: list[float]) -> dict:
+        r = _run(system, 1, [(0.0, 0.2), (50.0, 0.3), (100.0, 0.4)], kept[-1], rate=rate)
+        r["retention"] = [(0.0, 1.0, 0.0), (50.0, kept[0], 0.1), (100.0, kept[1], 0.2)]
+        return r
+
+    doc = {"runs": [run("trl", 1.03, [0.9, 0.8]), run("trl", 1.05, [0.8, 0.7]),
+                    run("rollflow", 2.0, [0.85, 0.6]), run("rollflow", 2.0, [0.75, 0.5])]}  # fmt: skip
+    keys = per_step("fam", doc)
+    # TRL ends at steps 103 and 105: median 104 -> mark 100; TRL reads its 100 s snapshots (steps 103, 105),
+    # rollflow its 50 s ones (step 100), not its last (step 200)
+    assert keys["suite_fam_trl_kept_at_step_100"] == "0.750 (0.70..0.80)"
+    assert keys["suite_fam_rollflow_kept_at_step_100"] == "0.800 (0.75..0.85)"
+    assert keys["suite_fam_rollflow_learnt_at_step_100"] == "0.100 (0.10..0.10)"
+    assert keys["suite_fam_rollflow_steps_per_s"] == "2.000"

@@ -331,3 +331,8 @@ def test_eval_is_greedy_on_the_first_held_out_rows_every_time(
     eval_rows = load_prompts(cfg.dataset, cfg.dataset.eval_split)[:n]
     scorer = SnapshotScorer(task_dir / "model", eval_rows, sub_gap_reward_fn, max_new_tokens=8)
     assert scorer.accuracy(None) == pytest.approx(first.accuracy)  # bench.peer scores as rollflow evaluates
+    # sampled groups (the suite's calibration): near T = 0 every sample is the greedy answer
+    correct = scorer.correct(None)
+    assert scorer.solve_counts(4, 1e-4) == [4 * c for c in correct]
+    counts = scorer.solve_counts(4, 1.0, seed=1)
+    assert len(counts) == n and all(0 <= c <= 4 for c in counts)
