@@ -174,7 +174,8 @@ class TrainConfig:
             "distribution, so with filtering exp(prox - behav) is not the importance weight. Evidence for "
             "the default: it is the peers' (AReaL's). With one pass and one minibatch per step its clip "
             "never binds; false (PPO against the sampling policy) kept and learnt more on sub_gap, a dev "
-            "family (docs/benchmarks.md, 'What makes rollflow forget'), not yet judged on the test families."
+            "family, but judged on the test families against TRL it was ahead on gcd and behind on "
+            "products (docs/benchmarks.md, 'What makes rollflow forget' and 'The recalibrated suite')."
         ),
     )
     proximal: Literal["forward", "approx"] = field(
