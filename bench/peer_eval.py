@@ -82,24 +82,9 @@ class SnapshotScorer:
         """Per held-out row, in order: did the snapshot's greedy completion score >= 0.5."""
         self.load(snapshot)
         correct: list[bool] = []
-        n = len(self.rows)
-        for lo in range(0, n, self.batch_size):
-            ids = self.enc["input_ids"][lo : lo + self.batch_size]  # [b, P]
-            mask = self.enc["attention_mask"][lo : lo + self.batch_size]  # [b, P]
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=False,
-                max_new_tokens=self.max_new_tokens,
-                eos_token_id=self.tok.eos_token_id,
-                pad_token_id=self.tok.pad_token_id,
-            )  # [b, P + new]
-            texts = self.tok.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
-            hi = lo + self.batch_size
-            for row, prompt, data, text in zip(
-                self.rows[lo:hi], self.prompts[lo:hi], self.data[lo:hi], texts, strict=True
-            ):
-                correct.append(self.score(prompt, text, str(row["answer"]), data) >= 0.5)
+        for lo in range(0, len(self.rows), self.batch_size):
+            texts = self._complete(lo, lo + self.batch_size, do_sample=False)  # one per row
+            correct += [self.solves(i, text) for i, text in enumerate(texts, start=lo)]
         return correct
 
     @torch.no_grad()
@@ -111,25 +96,38 @@ class SnapshotScorer:
         counts: list[int] = []
         step = max(1, self.batch_size // k)
         for lo in range(0, len(self.rows), step):
-            ids = self.enc["input_ids"][lo : lo + step]  # [b, P]
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=self.enc["attention_mask"][lo : lo + step],
+            texts = self._complete(
+                lo,
+                lo + step,
                 do_sample=True,
                 temperature=temperature,
                 top_k=0,
                 top_p=1.0,
                 num_return_sequences=k,
-                max_new_tokens=self.max_new_tokens,
-                eos_token_id=self.tok.eos_token_id,
-                pad_token_id=self.tok.pad_token_id,
-            )  # [b * k, P + new], each row's k samples together
-            texts = self.tok.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
-            for j, i in enumerate(range(lo, min(lo + step, len(self.rows)))):
-                row, prompt, data = self.rows[i], self.prompts[i], self.data[i]
-                group = texts[j * k : (j + 1) * k]
-                counts.append(sum(self.score(prompt, t, str(row["answer"]), data) >= 0.5 for t in group))
+            )  # each row's k samples together
+            counts += [
+                sum(self.solves(i, t) for t in texts[j * k : (j + 1) * k])
+                for j, i in enumerate(range(lo, min(lo + step, len(self.rows))))
+            ]
         return counts
+
+    def _complete(self, lo: int, hi: int, **sampling: Any) -> list[str]:
+        """The loaded weights' completions of held-out rows ``lo:hi``, decoded without special tokens
+        (``num_return_sequences`` of them per row, a row's together)."""
+        ids = self.enc["input_ids"][lo:hi]  # [b, P]
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=self.enc["attention_mask"][lo:hi],
+            max_new_tokens=self.max_new_tokens,
+            eos_token_id=self.tok.eos_token_id,
+            pad_token_id=self.tok.pad_token_id,
+            **sampling,
+        )  # [b * n, P + new]
+        return self.tok.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+
+    def solves(self, i: int, completion: str) -> bool:
+        """Whether ``completion`` of held-out row ``i`` scores >= 0.5."""
+        return self.score(self.prompts[i], completion, str(self.rows[i]["answer"]), self.data[i]) >= 0.5
 
     def score(self, prompt: str, completion: str, answer: str, data: dict[str, Any]) -> float:
         """The reward, or 0.0 when it raises or returns a non-number (rollflow's runner does the same)."""

@@ -158,15 +158,15 @@ def main(argv: list[str] | None = None) -> int:
         config = family_config(f, configs, size=args.size, eval_size=args.eval_size)
         if args.calibrate:
             base = calibrate(f, config, overrides)
-            in_range = "ok" if 0.1 <= base["base_acc"] <= 0.4 else "OUT OF 0.1-0.4"
-            reach = "ok" if base["reachable_unsolved"] >= LEARNABLE_REACHABLE else "BELOW"
+            rec = record_calibration(out / "calibration.json", f, base, overrides)  # its verdicts, printed
+            in_range = "ok" if rec["in_range"] else "OUT OF 0.1-0.4"
+            reach = "ok" if rec["learnable"] else "BELOW"
             print(f"suite_{f.name}_base_acc {base['base_acc']:.3f}  # {f.split}, {in_range}", flush=True)
             print(f"suite_{f.name}_base_solved {base['base_solved']:.0f}/{base['n_eval']:.0f}", flush=True)
             print(f"suite_{f.name}_reachable_unsolved {base['reachable_unsolved']:.3f}  # {reach} "
                   f"{LEARNABLE_REACHABLE}", flush=True)  # fmt: skip
             for key in ("mixed", "sample_acc"):
                 print(f"suite_{f.name}_{key} {base[key]:.3f}", flush=True)
-            record_calibration(out / "calibration.json", f, base, overrides)
             continue
         if args.report_only:
             continue
