@@ -12,8 +12,10 @@ times; its ``--audit-only`` mode runs it on any trial.
 
 What storage says, and what it does not (the facts used):
 - handed out: every position of every claimed block (``prompts/claims/``, dense from block 0);
-- committed: the groups of every shard a commit record names (size and sha256 checked). A shard row
-  carries its ``prompt_id``, not its position: the position is recovered by replaying the data order
+- committed: the groups of every shard a commit record names (size and sha256 checked). The rollout
+  loop's records name each group's position (``CommitRecord.positions``): those are matched by position,
+  exactly, even where the prompt review ran another prompt in a slot. For records without positions
+  (older writers) the position is recovered from the row's ``prompt_id`` by replaying the data order
   (``epoch_order(N, seed, epoch)``), which needs the config's seed, dataset and claim block size. Those
   are not on storage (the resolved config goes to MLflow), so the audit takes them from the config;
 - dropped: only a count per worker (``released`` in ``rollout/state-{name}.json``: rejected as stale,
@@ -87,8 +89,9 @@ def _json(storage: Any, key: str) -> Any:
         return None
 
 
-def _committed_groups(storage: Any, audit: Audit) -> list[tuple[str, str]]:
-    """``(group_id, prompt_id)`` of every group of every committed shard, checked against its record."""
+def _committed_groups(storage: Any, audit: Audit) -> list[tuple[str, str, int | None]]:
+    """``(group_id, prompt_id, position)`` of every group of every committed shard, checked against its
+    record; the position is the record's (None when it names none)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -96,7 +99,7 @@ def _committed_groups(storage: Any, audit: Audit) -> list[tuple[str, str]]:
     from storage.commits import CommitRecord
 
     quarantined = {k.rsplit("/", 1)[-1].removesuffix(".json") for k in storage.list(keys.QUARANTINE_DIR)}
-    out: list[tuple[str, str]] = []
+    out: list[tuple[str, str, int | None]] = []
     for key in storage.list(keys.COMMIT_DIR):
         if not key.endswith(".json"):
             continue
@@ -119,10 +122,11 @@ def _committed_groups(storage: Any, audit: Audit) -> list[tuple[str, str]]:
             continue
         table = pq.read_table(pa.BufferReader(data), columns=["group_id", "prompt_id"])
         group_ids, prompt_ids = table.column("group_id").to_pylist(), table.column("prompt_id").to_pylist()
-        groups = dict(zip(group_ids, prompt_ids, strict=True))  # rows of one group share both
+        groups = dict(zip(group_ids, prompt_ids, strict=True))  # rows of one group share both, in file order
         if len(groups) != rec.groups:
             audit.problems.append(f"commit {rec.commit_id}: {len(groups)} groups, record says {rec.groups}")
-        out += groups.items()
+        at = rec.positions if rec.positions is not None and len(rec.positions) == len(groups) else None
+        out += [(g, pid, None if at is None else at[i]) for i, (g, pid) in enumerate(groups.items())]
     return out
 
 
@@ -161,14 +165,11 @@ def audit_trial(
     if blocks and blocks != set(range(max(blocks) + 1)):
         gaps = sorted(set(range(max(blocks) + 1)) - blocks)
         audit.problems.append(f"claims are not dense: blocks {gaps[:10]} missing")
-    handed: dict[str, list[int]] = collections.defaultdict(list)  # prompt_id -> positions handed out
     positions: set[int] = set()
     for b in sorted(blocks):
-        for p in range(
-            b * block_size, (b + 1) * block_size if end is None else min((b + 1) * block_size, end)
-        ):
-            positions.add(p)
-            handed[prompt_of(p)].append(p)
+        positions.update(
+            range(b * block_size, (b + 1) * block_size if end is None else min((b + 1) * block_size, end))
+        )
     audit.positions_handed_out = len(positions)
     takeovers = [k for k in storage.list(TAKEOVER_DIR) if k.endswith(".json")]
     audit.blocks_adopted = len(takeovers)
@@ -178,7 +179,7 @@ def audit_trial(
             audit.problems.append(f"takeover {key} of a block nobody claimed")
 
     # open at the end and recorded drops: every worker's state file
-    open_by_prompt: collections.Counter[str] = collections.Counter()
+    open_positions: set[int] = set()
     for key in storage.list(keys.ROLLOUT_DIR):
         doc = _json(storage, key)
         if not key.rsplit("/", 1)[-1].startswith("state-") or not isinstance(doc, dict):
@@ -189,14 +190,26 @@ def audit_trial(
                 if p // block_size != int(b) or p not in positions:
                     audit.problems.append(f"{key}: open position {p} is not in claimed block {b}")
                     continue
-                open_by_prompt[prompt_of(p)] += 1
+                open_positions.add(p)
 
-    # committed: groups of verified shards, matched to positions by prompt (per epoch, a prompt is one position)
+    # committed: groups of verified shards. A record that names its groups' positions (the rollout loop's)
+    # is matched by position; one that does not (older writers) by prompt, a prompt being one position
+    # per epoch. By position is exact even when a slot ran another prompt than its own (the prompt review).
     committed = _committed_groups(storage, audit)
     audit.groups_committed = len(committed)
-    ids = collections.Counter(g for g, _ in committed)
+    ids = collections.Counter(g for g, _, _ in committed)
     audit.groups_committed_twice = sum(c - 1 for c in ids.values())
-    by_prompt = collections.Counter(pid for _, pid in committed)
+    at = collections.Counter(p for _, _, p in committed if p is not None)
+    for p, c in at.items():
+        if p not in positions:
+            audit.groups_unclaimed += c
+            continue
+        audit.positions_committed += 1
+        audit.positions_generated_twice += c - 1
+    handed: dict[str, list[int]] = collections.defaultdict(list)  # prompt_id -> positions not committed
+    for p in sorted(positions - set(at)):
+        handed[prompt_of(p)].append(p)
+    by_prompt = collections.Counter(pid for _, pid, p in committed if p is None)
     left = 0  # positions neither committed nor open: what the recorded drops must cover
     for pid in set(handed) | set(by_prompt):
         n_handed, n_committed = len(handed.get(pid, ())), by_prompt.get(pid, 0)
@@ -206,7 +219,7 @@ def audit_trial(
         done = min(n_committed, n_handed)
         audit.positions_committed += done
         audit.positions_generated_twice += n_committed - done
-        n_open = min(open_by_prompt.get(pid, 0), n_handed - done)
+        n_open = min(sum(p in open_positions for p in handed[pid]), n_handed - done)
         audit.positions_open_at_end += n_open
         left += n_handed - done - n_open
     audit.positions_dropped = min(left, audit.drops_recorded)

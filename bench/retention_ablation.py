@@ -18,7 +18,8 @@ group``), ``rollflow`` (the candidate defaults: staleness up to 2, the decoupled
 behaviour cap), ``on_policy`` (``rollout.max_staleness=0``), ``no_decoupled`` (the plain PPO ratio
 against the behaviour policy: no proximal pass, no behaviour cap), ``uncapped``
 (``train.behav_imp_weight_cap=null``), ``kl_anchor`` (a k3 KL penalty to the start, ``train.kl_ctl=0.04``,
-the beta of GRPO's paper); for throughput, ``server_threads_2`` (the server on 2 threads beside a
+the beta of GRPO's paper), ``review`` (the prompt review: solved prompts back in up to a quarter of the
+slots, first after 4 versions, ``rollout.review_share=0.25``); for throughput, ``server_threads_2`` (the server on 2 threads beside a
 1-thread trainer on 2 cores) and ``threads_2_2`` (both on 2). TRL's loss aggregation and advantage scaling are rollflow's
 defaults already (token-mean over the batch; group mean and std), so they are not an arm.
 
@@ -56,6 +57,8 @@ ARMS: dict[str, tuple[str, list[str]]] = {  # name: (system, its one change)
     "no_decoupled": ("rollflow", ["train.use_decoupled_loss=false"]),
     "uncapped": ("rollflow", ["train.behav_imp_weight_cap=null"]),
     "kl_anchor": ("rollflow", ["train.kl_ctl=0.04"]),  # an anchor to the start: GRPO's published beta
+    # solved prompts brought back before they regress, a quarter of the slots at most (RECALL-style)
+    "review": ("rollflow", ["rollout.review_share=0.25", "rollout.review_interval=4"]),
     # throughput: the generation server above the cores the trainer leaves (passive OpenMP waits)
     "server_threads_2": ("rollflow", ["inference.server_threads=2"]),
     "threads_2_2": ("rollflow", ["inference.server_threads=2", "train.threads=2"]),

@@ -4,7 +4,8 @@ What it is: the executor's input side, touched only on its event-loop thread. Ro
 ``submit`` come first (each may carry the caller's future); then the ``feed``-ed source is pulled lazily,
 one item per start, so a data cursor moves only when an episode starts. A source item of ``None`` means
 "nothing may start now" (ask again on a later tick); the source ends with ``StopIteration``. Rows the
-``prompt_filter`` skips never start: they take no capacity and count as ``rejected["skipped"]``.
+``prompt_filter`` skips never start: they take no capacity and count as ``rejected["skipped"]``. A
+fed row that starts may be replaced by a solved prompt the ``review`` brings back (same key, same slot).
 Every row handed out is reported to ``StalenessManager.on_rollout_enqueued``.
 
 What it is not: admission (the executor asks ``StalenessManager.try_submit`` before it starts an input).
@@ -19,6 +20,7 @@ from typing import Any
 
 from rollflow.rollout.executor_stats import ExecutorStats
 from rollflow.rollout.prompt_filter import PromptCurriculum
+from rollflow.rollout.prompt_review import PromptReview
 from rollflow.rollout.staleness import StalenessManager
 
 MAX_SKIPS_PER_CALL = 256  # skipped rows pulled in one call before the scheduler gets the loop back
@@ -30,9 +32,13 @@ class EpisodeInputs:
     """Submitted rows first, then the fed source; see the module docstring."""
 
     def __init__(
-        self, staleness: StalenessManager, stats: ExecutorStats, prompt_filter: PromptCurriculum | None
+        self,
+        staleness: StalenessManager,
+        stats: ExecutorStats,
+        prompt_filter: PromptCurriculum | None,
+        review: PromptReview | None = None,
     ) -> None:
-        self.staleness, self.stats, self.prompt_filter = staleness, stats, prompt_filter
+        self.staleness, self.stats, self.prompt_filter, self.review = staleness, stats, prompt_filter, review
         self._queued: collections.deque[Input] = collections.deque()
         self._source: Source | None = None
 
@@ -61,8 +67,9 @@ class EpisodeInputs:
         self._source = None
         return futures
 
-    def next(self) -> Input | None:
-        """The next input that may start, or None (nothing queued, the source says wait, or is done)."""
+    def next(self, version: int = 0) -> Input | None:
+        """The next input that may start, or None (nothing queued, the source says wait, or is done);
+        ``version``: the policy version now (the review's clock)."""
         if self._queued:
             return self._queued.popleft()
         for _ in range(MAX_SKIPS_PER_CALL):
@@ -80,6 +87,8 @@ class EpisodeInputs:
                 # never generated: it takes no capacity, and counts as released (the claim log's bound)
                 self.stats.rejected["skipped"] += 1
                 continue
+            if self.review is not None:
+                data = self.review.swap(data, version)
             self.staleness.on_rollout_enqueued()
             return key, data, None
         return None  # many skips in a row: let the scheduler breathe, go on next tick

@@ -56,6 +56,7 @@ from rollflow.rollout.executor_stats import ExecutorStats
 from rollflow.rollout.ordered_writer import OrderedWriter
 from rollflow.rollout.partials import EPISODE_KEY
 from rollflow.rollout.prompt_filter import PromptCurriculum
+from rollflow.rollout.prompt_review import PromptReview
 from rollflow.rollout.staleness import StalenessManager
 from storage.schema import TrajectoryGroup
 
@@ -88,6 +89,7 @@ class WorkflowExecutor:
         on_flush: Callable[[WorkflowExecutor], None] | None = None,
         collect: bool | None = None,
         prompt_filter: PromptCurriculum | None = None,
+        review: PromptReview | None = None,
         on_episode_end: Callable[[Hashable], None] | None = None,
     ) -> None:
         """``writer`` gets accepted groups (calls made in order on one worker thread); ``version_fn``
@@ -97,7 +99,8 @@ class WorkflowExecutor:
         writer calls in a row; ``poll_interval_s`` bounds the wait between capacity checks (a new
         version re-opens capacity); ``on_flush(executor)`` runs on the loop thread after each commit;
         ``collect`` keeps accepted groups for ``await_results`` (default: when no writer);
-        ``prompt_filter`` skips fed rows (by ``data["prompt_id"]``) before they start;
+        ``prompt_filter`` skips fed rows (by ``data["prompt_id"]``) before they start; ``review``
+        replaces a share of the fed rows that start with solved prompts that are due;
         ``on_episode_end(key)`` runs as each episode ends (a ``PartialKeepingClient``'s ``forget``).
         """
         if not 0 < max_failure_rate <= 1:
@@ -112,11 +115,11 @@ class WorkflowExecutor:
         self.poll_interval_s, self.max_write_failures = poll_interval_s, max_write_failures
         self._on_flush = on_flush
         self._collect = writer is None if collect is None else collect
-        self.prompt_filter = prompt_filter
+        self.prompt_filter, self.review = prompt_filter, review
         self.stats = ExecutorStats()
 
         # Loop-thread state (only touched from the loop once started).
-        self._inputs = EpisodeInputs(staleness, self.stats, prompt_filter)
+        self._inputs = EpisodeInputs(staleness, self.stats, prompt_filter, review)
         self._tasks: dict[asyncio.Task[TrajectoryGroup | None], _Episode] = {}
         self._out: OrderedWriter | None = None  # the writer's calls, in order, off the loop (astart)
         self._next_key = 0
@@ -316,7 +319,7 @@ class WorkflowExecutor:
             return
         version = int(self._version_fn())
         while self._inputs and self.staleness.get_capacity(version) > 0:
-            item = self._inputs.next()
+            item = self._inputs.next(version)
             if item is None:
                 break
             if not self.staleness.try_submit(version):  # capacity changed under us (another thread)
@@ -367,11 +370,13 @@ class WorkflowExecutor:
         except Exception as exc:
             self._on_failure(ep, exc)
             return
+        version = int(self._version_fn())
         if group is not None:
             self.stats.record_generated(group)
             if self.prompt_filter is not None and group.rows:
                 self.prompt_filter.observe(group.prompt_id, group.rewards)
-        version = int(self._version_fn())
+            if self.review is not None and group.rows:
+                self.review.observe(group.prompt_id, group.rewards, version)
         reason = reject_reason(
             group, should_accept=self._should_accept, staleness=self.staleness, version=version
         )

@@ -59,6 +59,7 @@ from rollflow.rollout.filters import build_should_accept
 from rollflow.rollout.partial_resume import continue_saved, keep_cut
 from rollflow.rollout.partials import PartialKeepingClient
 from rollflow.rollout.prompt_filter import PromptCurriculum, build_curriculum
+from rollflow.rollout.prompt_review import PromptReview, build_review
 from rollflow.rollout.prompt_rows import load_rows
 from rollflow.rollout.prompt_source import ClaimedPrompts
 from rollflow.rollout.staleness import StalenessListener, StalenessManager
@@ -140,6 +141,7 @@ class RolloutWorker:
         self.claims = ClaimLog(storage)
         self.keeper: PartialKeepingClient | None = None  # with rollout.keep_partials
         self.curriculum: PromptCurriculum | None = build_curriculum(cfg.rollout, seed=cfg.seed)
+        self.review: PromptReview | None = build_review(cfg.rollout)
         self._tried: set[tuple[int, int]] = set()  # (block, generation) takeovers tried
         self._others_released = 0  # storage's view, refreshed by _sync
         self._credited = 0
@@ -318,6 +320,7 @@ class RolloutWorker:
             max_failure_rate=rc.max_failure_rate,
             on_flush=lambda ex: ex.submit_io(self.states.put, self._state()),  # right after a commit
             prompt_filter=self.curriculum,
+            review=self.review,
             on_episode_end=None if self.keeper is None else self.keeper.forget,  # its record of the episode
         )
 
@@ -443,6 +446,8 @@ class RolloutWorker:
         wf_metrics = self.workflow.metrics() if self.workflow is not None else {}
         if self.curriculum is not None:
             wf_metrics = {**wf_metrics, **self.curriculum.metrics()}
+        if self.review is not None:
+            wf_metrics = {**wf_metrics, **self.review.metrics()}
         self.metrics.log(
             rollout_metrics(self.executor.stats, self.staleness, wf_metrics, version), step=version
         )

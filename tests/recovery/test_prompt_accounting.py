@@ -10,6 +10,7 @@ killed between taking its predecessor's blocks over and writing its state file.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import threading
 import uuid
@@ -173,6 +174,41 @@ def test_prompts_the_curriculum_skips_are_accounted_as_dropped(tmp_path: Any) ->
     # skipped (and dropped) positions: recorded as released, and more than the drop rows alone
     assert a.positions_dropped == a.drops_recorded > 8 + 8
     assert a.positions_handed_out == a.positions_committed + a.positions_dropped + a.positions_open_at_end
+    assert a.positions_unaccounted == a.positions_generated_twice == 0
+
+
+class MovingClient(Client):
+    """The trainer's version moves one step every 8 requests (the prompt review's clock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    async def agenerate(self, req: GenerateRequest) -> GenerateResult:
+        self.calls += 1
+        return await super().agenerate(req)
+
+    def get_version(self) -> int:
+        return self.calls // 8
+
+
+def test_slots_the_prompt_review_gave_to_solved_prompts_are_accounted_by_position(tmp_path: Any) -> None:
+    """Every group solved, review share 0.5: within the first epoch solved prompts come back in other
+    prompts' slots, so a prompt is committed twice in one epoch and another not at all. The commit
+    records name positions, so the audit still finds every position once and nothing generated twice."""
+    storage = Storage.open(str(tmp_path), "exp", "t", {})
+    cfg = _cfg(max_groups=40, review_share=0.5, review_interval=1)
+    _roll(storage, cfg, MovingClient(), workflow=Workflow(solved=True))
+    from bench.prompt_audit import _committed_groups
+
+    committed = _committed_groups(storage, Audit())
+    per_prompt = collections.Counter(pid for _, pid, _ in committed)
+    assert max(per_prompt.values()) >= 2  # reviews ran: some prompt twice in its first epoch's slots
+    assert all(pos is not None for _, _, pos in committed)
+    _train(storage, steps=2)
+    a = _audit(storage, cfg)
+    assert a.ok, a
+    assert a.positions_committed == a.groups_committed >= 40
     assert a.positions_unaccounted == a.positions_generated_twice == 0
 
 

@@ -5,20 +5,17 @@ like rejected groups, and the rest run as before."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 import pytest
+from pair_workflow import FakeClient, PairWorkflow
 
-from rollflow.api.inference import GenerateRequest, GenerateResult
-from rollflow.api.workflow import RolloutWorkflow
 from rollflow.rollout.executor import WorkflowExecutor
 from rollflow.rollout.prompt_filter import PromptCurriculum
 from rollflow.rollout.prompt_source import ClaimedPrompts
 from rollflow.rollout.staleness import StalenessManager
 from storage.fs import Storage
 from storage.prompt_claims import ClaimLog
-from storage.schema import TrajectoryGroup, TrajectoryRow
 
 
 def test_each_kind_is_skipped_with_its_own_probability_and_unseen_ones_never() -> None:
@@ -114,44 +111,6 @@ def test_a_block_mostly_skipped_does_not_hold_back_the_staleness_window(storage:
 def test_without_a_curriculum_the_gate_is_unchanged(storage: Storage) -> None:
     started = _claim_until_blocked(storage, None, [{"prompt_id": f"p{i}"} for i in range(40)])
     assert started == [0, 1, 2, 3]  # one block of 4, then the bound
-
-
-class FakeClient:
-    """Two output tokens at version 0."""
-
-    async def agenerate(self, req: GenerateRequest) -> GenerateResult:
-        await asyncio.sleep(0.001)
-        return GenerateResult(req.rid or "r", req.input_ids, [7, 8], [-0.5, -0.25], [0, 0], "stop")
-
-    def get_version(self) -> int:
-        return 0
-
-
-class PairWorkflow(RolloutWorkflow):
-    """Two samples per prompt with the rewards the row names; counts what it generated."""
-
-    def __init__(self) -> None:
-        self.generated: list[str] = []
-
-    async def arun_episode(self, client: Any, data: dict[str, Any]) -> TrajectoryGroup:
-        self.generated.append(data["prompt_id"])
-        gid, rows = uuid.uuid4().hex, []
-        for j, reward in enumerate(data["rewards"]):
-            res = await client.agenerate(GenerateRequest([1, 2, 3]))
-            rows.append(
-                TrajectoryRow.build(
-                    traj_id=f"{gid}-{j}",
-                    group_id=gid,
-                    prompt_id=data["prompt_id"],
-                    input_ids=res.input_ids + res.output_ids,
-                    loss_mask=[0, 0, 0, 1, 1],
-                    logprobs=[0.0, 0.0, 0.0, *res.output_logprobs],
-                    versions=[-1, -1, -1, *res.output_versions],
-                    reward=reward,
-                    finish_reason=res.finish_reason,
-                )
-            )
-        return TrajectoryGroup(gid, data["prompt_id"], rows)
 
 
 def test_executor_does_not_generate_flat_prompts_of_a_later_epoch() -> None:

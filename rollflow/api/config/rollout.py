@@ -172,11 +172,31 @@ class RolloutConfig:
             "gives, not measured."
         ),
     )
+    review_share: float = field(
+        default=0.0,
+        metadata=help_(
+            "Prompt review: up to this share of the prompts started are solved prompts brought back "
+            "before the policy forgets them, each in place of a fresh prompt (no extra generation; the "
+            "displaced prompt comes back in its next epoch). A prompt joins the review set when its group "
+            "was all solved and is due rollout.review_interval versions later; a review that still "
+            "solves doubles its interval, a mixed one (a partial regression: that group repairs it) "
+            "resets it, an all-wrong one drops it (rollflow/rollout/prompt_review.py). 0 = off, the peer "
+            "value; at most 0.5."
+        ),
+    )
+    review_interval: int = field(
+        default=4,
+        metadata=help_(
+            "Prompt review: policy versions between a solved prompt's group and its first review; "
+            "doubles each time a review still solves (up to 64 x). Only with rollout.review_share > 0."
+        ),
+    )
     solved_reward: float = field(
         default=1.0,
         metadata=help_(
             "The reward at or above which a sample counts as solved, for the prompt curriculum "
-            "(rollout.skip_solved_prob / skip_unsolved_prob); the eval's 'correct' is the same 1.0."
+            "(rollout.skip_solved_prob / skip_unsolved_prob) and the prompt review "
+            "(rollout.review_share); the eval's 'correct' is the same 1.0."
         ),
     )
     claim_block_size: int = field(
@@ -258,5 +278,11 @@ class RolloutConfig:
         if self.curriculum_max_skips is not None:
             check(self.curriculum_max_skips >= 0, "rollout.curriculum_max_skips", "must be >= 0 or null")
         check(self.claim_block_size >= 1, "rollout.claim_block_size", "must be >= 1")
+        check(
+            0.0 <= self.review_share <= 0.5,
+            "rollout.review_share",
+            "must be in [0, 0.5] (0 = off; the rest of each batch is what learns)",
+        )
+        check(self.review_interval >= 1, "rollout.review_interval", "must be >= 1 policy version")
         check(self.worker_lease_s > 0, "rollout.worker_lease_s", "must be > 0")
         check(self.partial_drain_s >= 0, "rollout.partial_drain_s", "must be >= 0")
