@@ -324,6 +324,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "rollout_busy_s": sink.last("rollout/busy_s"),
         "rollout_rejected_filtered": sink.last("rollout/rejected_filtered") or 0.0,
         "rollout_accepted": sink.last("rollout/groups_accepted") or 0.0,
+        "rollout_review": {k: sink.last(k) for k in sorted(sink.history) if "review/" in k},
         "snapshots": snaps,
         "timing": timing,  # time/... figures over the race (rollflow.timing.report)
         "time_bounds": bounds(timing) if timing else None,
