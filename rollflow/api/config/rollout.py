@@ -181,7 +181,10 @@ class RolloutConfig:
             "was all solved and is due rollout.review_interval versions later; a review that still "
             "solves doubles its interval, a mixed one (a partial regression: that group repairs it) "
             "resets it, an all-wrong one drops it (rollflow/rollout/prompt_review.py). 0 = off, the peer "
-            "value; at most 0.5."
+            "value; at most 0.5. Evidence: at 0.25 it lost on sub_gap, a dev family (0.865 against 0.980 "
+            "held out, 5 seeds; 81 % of reviews came back all solved, a group without gradient), and "
+            "was level on count_bits (docs/benchmarks.md, 'Keeping what the start solved'), so it is off "
+            "and was not run on the test families."
         ),
     )
     review_interval: int = field(
