@@ -23,12 +23,16 @@ the cap keeps the dropped groups at most c per kept group,
 so generation per kept group is at most 1 + c, and past the cap a group without signal is kept (it
 costs the trainer nothing: zero-advantage groups skip the passes, rollflow/training/microbatch.py).
 
+``group_outcome(rewards, solved_reward)`` names how a group came out (``signal``, ``solved`` or
+``unsolved``), the one classification the prompt curriculum and the prompt review both use.
+
 What it is not: a reward model or a curriculum; it never looks at the text, only at the rewards.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from rollflow.api.workflow import import_string
 from storage.schema import TrajectoryGroup
@@ -43,6 +47,18 @@ EQUAL_ATOL = 1e-6
 def has_reward_variance(rewards: Sequence[float]) -> bool:
     """Whether ``rewards`` are not all equal (within ``EQUAL_ATOL``); one reward has no variance."""
     return len(rewards) >= 2 and max(rewards) - min(rewards) > EQUAL_ATOL
+
+
+GroupOutcome = Literal["solved", "unsolved", "signal"]
+
+
+def group_outcome(rewards: Sequence[float], solved_reward: float) -> GroupOutcome:
+    """How a finished group came out: ``signal`` when its rewards differ, else ``solved`` when every
+    reward is >= ``solved_reward`` (within ``EQUAL_ATOL``), else ``unsolved`` (the prompt curriculum's
+    and the prompt review's classification)."""
+    if has_reward_variance(rewards):
+        return "signal"
+    return "solved" if min(rewards) >= solved_reward - EQUAL_ATOL else "unsolved"
 
 
 def reward_variance_filter(group: TrajectoryGroup) -> bool:

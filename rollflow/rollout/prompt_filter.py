@@ -65,14 +65,13 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from rollflow.rollout.filters import EQUAL_ATOL, has_reward_variance
+from rollflow.rollout.filters import GroupOutcome as Outcome
+from rollflow.rollout.filters import group_outcome
 
 if TYPE_CHECKING:
     from rollflow.api.config import RolloutConfig
-
-Outcome = Literal["solved", "unsolved", "signal"]
 
 
 class PromptCurriculum:
@@ -110,9 +109,7 @@ class PromptCurriculum:
 
     def outcome(self, rewards: Sequence[float]) -> Outcome:
         """``solved``, ``unsolved`` or ``signal`` for one finished group's rewards."""
-        if has_reward_variance(rewards):
-            return "signal"
-        return "solved" if min(rewards) >= self.solved_reward - EQUAL_ATOL else "unsolved"
+        return group_outcome(rewards, self.solved_reward)
 
     def observe(self, prompt_id: str, rewards: Sequence[float]) -> None:
         """Record a finished group of ``prompt_id`` (accepted or not)."""

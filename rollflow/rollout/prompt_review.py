@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rollflow.rollout.filters import EQUAL_ATOL, has_reward_variance
+from rollflow.rollout.filters import group_outcome
 
 if TYPE_CHECKING:
     from rollflow.api.config import RolloutConfig
@@ -106,9 +106,9 @@ class PromptReview:
             if not rewards:
                 return
             card = self._cards.get(prompt_id)
-            solved = not has_reward_variance(rewards) and min(rewards) >= self.solved_reward - EQUAL_ATOL
+            kind = group_outcome(rewards, self.solved_reward)
             reviewed = card is not None and card.reviewing
-            if solved:
+            if kind == "solved":
                 if card is None:
                     if row is None:  # not handed out through swap (a submitted row): nothing to replay
                         return
@@ -118,7 +118,7 @@ class PromptReview:
                     self.counts["held"] += 1
                 self._schedule_locked(prompt_id, card, version)
             elif card is not None:
-                if has_reward_variance(rewards):  # caught while partial: this group repairs it
+                if kind == "signal":  # caught while partial: this group repairs it
                     self.counts["regressed"] += reviewed
                     card.interval = self.interval
                     self._schedule_locked(prompt_id, card, version)
